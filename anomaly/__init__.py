@@ -1,0 +1,1 @@
+"""Localization of faulty ranks, NICs and links; counter search; health checks."""

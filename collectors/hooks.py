@@ -1,0 +1,329 @@
+"""dpro's hooks inside the training processes started by ``dpro record``.
+
+The bootstrap (``bootstrap/sitecustomize.py``) calls :func:`install` in every Python process of
+the job. Nothing happens until ``torch`` is imported; then a global optimizer step hook delimits
+steps, and the process attaches to the run (takes a rank directory, writes its metadata, starts
+measuring its clock offset) when ``torch.distributed`` is initialised or at the end of the first
+step, whichever comes first.
+
+Step ``n`` ends when the first optimizer that ever stepped steps for the ``n``-th time (counting
+from 0), or when the script calls :func:`dpro.step`, which, once called, takes over from the
+optimizer hook. Step 0 begins somewhere in the script's setup, so its start is not recorded.
+
+Every hook catches its own failure, writes it to the rank's ``errors.log`` and, if the failure
+leaves dpro in an unknown state, turns dpro off for this process: the training goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import weakref
+from pathlib import Path
+from typing import Any
+
+ENV_RUN_DIR = "DPRO_RUN_DIR"
+ENV_SKIP = "DPRO_SKIP"
+ENV_WARMUP = "DPRO_WARMUP"
+ENV_STEPS = "DPRO_STEPS"
+
+
+class _Window:
+    """Which steps are profiled: warm-up steps ``[skip, skip+warmup)``, then ``steps`` recorded."""
+
+    def __init__(self, skip: int, warmup: int, steps: int) -> None:
+        self.first = skip
+        self.recorded = skip + warmup
+        self.end = skip + warmup + steps
+
+    def phase(self, step: int) -> str:
+        if self.first <= step < self.recorded:
+            return "warmup"
+        if self.recorded <= step < self.end:
+            return "profiled"
+        return ""
+
+    def schedule(self, step: int) -> Any:
+        from torch.profiler import ProfilerAction
+
+        if step < self.first or step >= self.end:
+            return ProfilerAction.NONE
+        if step < self.recorded:
+            return ProfilerAction.WARMUP
+        return ProfilerAction.RECORD_AND_SAVE if step == self.end - 1 else ProfilerAction.RECORD
+
+
+class _Recorder:
+    """The state of dpro in one process of the job."""
+
+    def __init__(self, run_dir: Path, window: _Window) -> None:
+        self.run_dir = run_dir
+        self.window = window
+        self.lock = threading.RLock()
+        self.enabled = True
+        self.rank: int | None = None
+        self.rank_dir: Path | None = None
+        self.steps_fd: int | None = None
+        self.step = 0
+        self.step_start_ns: int | None = None
+        self.step_owner: Any = None  # id() of the optimizer that delimits steps, or "user"
+        self.profiler: Any = None
+        self.export_step: int | None = None
+        self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.previous_sigterm: Any = None
+
+    # -- failures ---------------------------------------------------------------------------
+    def log_error(self, where: str, exc: BaseException | None = None, disable: bool = False) -> None:
+        """Append a failure to the rank's errors.log (or the run's, before a rank is known)."""
+        try:
+            path = (self.rank_dir or self.run_dir) / ("errors.log" if self.rank_dir
+                                                      else f"errors-{os.getpid()}.log")
+            detail = "".join(traceback.format_exception(exc)) if exc else ""
+            with open(path, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()} {where}"
+                        f"{' (dpro disabled in this process)' if disable else ''}\n{detail}")
+        except Exception:
+            pass
+        if disable:
+            self.enabled = False
+            self.close_profiler(save=False)
+
+    # -- attaching ----------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Take a rank directory and write the rank's metadata; start the clock measurement."""
+        from . import clock, metadata
+
+        rank, world_size = metadata.rank_and_world_size()
+        rank_dir = self.run_dir / "ranks" / str(rank)
+        try:
+            rank_dir.mkdir(parents=True)
+        except FileExistsError:
+            self.log_error(f"rank {rank}: {rank_dir} exists already (another process of this job "
+                           f"took rank {rank}, or the run was not empty)", disable=True)
+            return
+        self.rank, self.rank_dir = rank, rank_dir
+        self.steps_fd = os.open(rank_dir / "steps.csv", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self.steps_fd, b"step,start_ns,end_ns,phase\n")
+        self.write_metadata()
+        clock.measure_offset_in_background(rank, world_size, rank_dir / "clock.json", self.log_error)
+
+    def write_metadata(self) -> None:
+        from . import metadata
+
+        assert self.rank_dir is not None
+        metadata.write_rank_metadata(self.rank_dir / "meta.json", self.window_options(),
+                                     list(self.ddp_modules))
+
+    def window_options(self) -> dict[str, int]:
+        w = self.window
+        return {"skip": w.first, "warmup": w.recorded - w.first, "steps": w.end - w.recorded}
+
+    # -- steps ----------------------------------------------------------------------------------
+    def end_step(self) -> None:
+        """Record the step that just ended and drive the profiler into the next one."""
+        now = time.time_ns()
+        if self.rank_dir is None:
+            self.attach()
+            if not self.enabled:
+                return
+        phase = "export" if self.step == self.export_step else self.window.phase(self.step)
+        start = "" if self.step_start_ns is None else str(self.step_start_ns)
+        os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())
+        self.step += 1
+        self.step_start_ns = now
+        try:
+            if self.step == self.window.first:
+                self.start_profiler()
+            elif self.profiler is not None:
+                self.profiler.step()
+                if self.step >= self.window.end:
+                    self.profiler = None  # its trace was saved by the transition just made
+                    self.restore_sigterm()
+        except Exception as e:  # the profiler failed: keep timing steps without it
+            self.profiler = None
+            self.restore_sigterm()
+            self.log_error(f"torch.profiler at step {self.step}", e)
+
+    # -- profiler -------------------------------------------------------------------------------
+    def start_profiler(self) -> None:
+        """Start torch.profiler so that its ``ProfilerStep#n`` is this process's step ``n``."""
+        import torch
+
+        self.write_metadata()  # DDP has built its final buckets by now
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(activities=activities, schedule=self.window.schedule,
+                                          on_trace_ready=self.save_trace, record_shapes=True)
+        profiler.start()
+        for _ in range(self.step):  # the schedule says NONE before the window: nothing is recorded
+            profiler.step()
+        self.profiler = profiler
+        self.catch_sigterm()
+
+    def save_trace(self, profiler: Any) -> None:
+        assert self.rank_dir is not None
+        path = self.rank_dir / "trace.json.gz"
+        tmp = self.rank_dir / f".trace.{os.getpid()}.json.gz"
+        profiler.export_chrome_trace(str(tmp))
+        os.replace(tmp, path)
+        self.export_step = self.step
+
+    def close_profiler(self, save: bool) -> None:
+        """Stop a profiler still running (job ending inside the window), saving what it has."""
+        profiler, self.profiler = self.profiler, None
+        if profiler is None:
+            return
+        try:
+            if save:
+                profiler.stop()
+        except Exception as e:
+            self.log_error("saving the trace of an unfinished profiling window", e)
+
+    # -- SIGTERM inside the window: save the partial trace, then die as the job would have ---
+    def catch_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self.previous_sigterm = signal.signal(signal.SIGTERM, self.on_sigterm)
+
+    def restore_sigterm(self) -> None:
+        if self.previous_sigterm is not None and signal.getsignal(signal.SIGTERM) == self.on_sigterm:
+            signal.signal(signal.SIGTERM, self.previous_sigterm)
+        self.previous_sigterm = None
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        with self.lock:
+            self.close_profiler(save=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_recorder: _Recorder | None = None
+
+
+def _guarded(where: str):
+    """Run a hook under the recorder's lock; a failure is logged and turns dpro off."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            rec = _recorder
+            if rec is None or not rec.enabled:
+                return
+            try:
+                with rec.lock:
+                    fn(rec, *args, **kwargs)
+            except Exception as e:
+                rec.log_error(where, e, disable=True)
+
+        return wrapper
+
+    return decorate
+
+
+@_guarded("optimizer step hook")
+def _on_optimizer_step(rec: _Recorder, optimizer: Any, args: Any, kwargs: Any) -> None:
+    if rec.step_owner is None:
+        rec.step_owner = id(optimizer)
+    if rec.step_owner == id(optimizer):
+        rec.end_step()
+
+
+@_guarded("dpro.step()")
+def user_step(rec: _Recorder) -> None:
+    """End a step (called by :func:`dpro.step`)."""
+    rec.step_owner = "user"
+    rec.end_step()
+
+
+@_guarded("attaching after torch.distributed.init_process_group")
+def _on_process_group_ready(rec: _Recorder) -> None:
+    if rec.rank_dir is None:
+        rec.attach()
+
+
+@_guarded("tracking a DistributedDataParallel module")
+def _on_ddp_created(rec: _Recorder, ddp: Any) -> None:
+    rec.ddp_modules.add(ddp)
+
+
+@_guarded("saving at exit")
+def _at_exit(rec: _Recorder) -> None:
+    rec.close_profiler(save=True)
+
+
+def _wrap_after(owner: Any, name: str, after: Any) -> None:
+    """Replace ``owner.name`` by a wrapper that calls ``after(*args)`` once the original returned."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        after(*args)
+        return result
+
+    setattr(owner, name, wrapper)
+
+
+def _on_torch_imported(torch: Any) -> None:
+    """Register dpro's hooks once torch is importable."""
+    rec = _recorder
+    assert rec is not None
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(_on_optimizer_step)
+        import torch.distributed as dist
+
+        if dist.is_available():
+            _wrap_after(dist, "init_process_group", lambda *a: _on_process_group_ready())
+            from torch.nn.parallel import DistributedDataParallel
+
+            _wrap_after(DistributedDataParallel, "__init__", lambda ddp, *a: _on_ddp_created(ddp))
+        atexit.register(_at_exit)
+    except Exception as e:
+        rec.log_error("installing hooks into torch", e, disable=True)
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls :func:`_on_torch_imported` right after ``import torch`` has finished."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_hook(module: Any) -> None:
+            exec_module(module)
+            _on_torch_imported(module)
+
+        spec.loader.exec_module = exec_then_hook  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Prepare this process for recording (called by the bootstrap; cheap: imports no torch)."""
+    global _recorder
+    if _recorder is not None:
+        return
+    run_dir = Path(os.environ[ENV_RUN_DIR])
+    window = _Window(int(os.environ.get(ENV_SKIP, 10)), int(os.environ.get(ENV_WARMUP, 2)),
+                     int(os.environ.get(ENV_STEPS, 5)))
+    _recorder = _Recorder(run_dir, window)
+    if "torch" in sys.modules:
+        _on_torch_imported(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher())

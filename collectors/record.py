@@ -1,0 +1,209 @@
+"""``dpro record``: run a command with dpro's bootstrap injected, and the node's collectors around it.
+
+The command runs in a process group of its own; SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2
+sent to dpro are forwarded to that group, as a terminal would deliver them, and when the job runs
+in the foreground of a terminal, the terminal is handed to it (Ctrl-C reaches the job directly).
+dpro ends the way the job ended: with its exit code, or killed by the same signal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dpro.run_format import (RunFormatError, create_manifest, is_run_dir, new_manifest, open_run,
+                             write_json_atomic)
+
+from . import hooks, nic
+from .gpu import GpuSampler
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class RecordError(Exception):
+    """A reason not to start recording, said in one line."""
+
+
+@dataclass(frozen=True)
+class RecordOptions:
+    output: Path
+    skip: int = 10
+    warmup: int = 2
+    steps: int = 5
+    force: bool = False
+    join: bool = False
+    gpu_interval_s: float = 0.1
+    sysfs_root: str | None = None
+
+
+def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
+    """Make ``opts.output`` ready to record into; return whether this node created the run.
+
+    An existing non-empty directory is refused unless ``--join`` (add this node to a run other
+    nodes are recording) or ``--force`` (replace a previous dpro run; never anything else).
+    """
+    out = opts.output
+    if out.exists() and not out.is_dir():
+        raise RecordError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if opts.join:
+            if is_run_dir(out):
+                try:
+                    open_run(out)
+                except RunFormatError as e:
+                    raise RecordError(f"cannot join {out}: {e}") from None
+        elif opts.force:
+            if not is_run_dir(out):
+                raise RecordError(f"{out} is not empty and is not a dpro run; --force only replaces "
+                                  f"dpro runs")
+            shutil.rmtree(out)
+        else:
+            raise RecordError(f"{out} exists and is not empty; use --force to replace it, or --join "
+                              f"to add this node to a run being recorded")
+    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps")}
+    return create_manifest(out, new_manifest(command, options, time.time_ns()))
+
+
+def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The job's environment with dpro's bootstrap and settings; and a note on NCCL logging."""
+    env = dict(base)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BOOTSTRAP_DIR), base.get("PYTHONPATH")]))
+    env[hooks.ENV_RUN_DIR] = str(opts.output.resolve())
+    env[hooks.ENV_SKIP], env[hooks.ENV_WARMUP], env[hooks.ENV_STEPS] = (
+        str(opts.skip), str(opts.warmup), str(opts.steps))
+    if opts.sysfs_root:
+        env[nic.SYSFS_ROOT_ENV] = opts.sysfs_root
+    if "NCCL_DEBUG" in base:
+        return env, f"NCCL_DEBUG={base['NCCL_DEBUG']} set by the user: NCCL logs left where the user sends them"
+    env["NCCL_DEBUG"] = "INFO"
+    env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV,GRAPH,TUNING")
+    (opts.output / "nccl").mkdir(exist_ok=True)
+    env.setdefault("NCCL_DEBUG_FILE", str(opts.output.resolve() / "nccl" / "%h.%p.log"))
+    return env, "NCCL_DEBUG=INFO"
+
+
+def _foreground_tty() -> int | None:
+    """The terminal's file descriptor when dpro runs in its foreground, else None."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None
+
+
+def _give_terminal(tty: int | None) -> None:
+    """Hand the terminal to the calling process's group (with SIGTTOU ignored meanwhile)."""
+    if tty is None:
+        return
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(tty, os.getpgrp())
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _start_child(command: list[str], env: dict[str, str], tty: int | None) -> subprocess.Popen:
+    def in_child() -> None:
+        os.setpgid(0, 0)
+        _give_terminal(tty)
+
+    try:
+        return subprocess.Popen(command, env=env, preexec_fn=in_child)
+    except FileNotFoundError:
+        raise RecordError(f"command not found: {command[0]}") from None
+    except PermissionError:
+        raise RecordError(f"permission denied: {command[0]}") from None
+
+
+def record(command: list[str], opts: RecordOptions) -> int:
+    """Record ``command``; return its exit status (negative: killed by that signal)."""
+    if not command:
+        raise RecordError("missing the command to record, e.g. dpro record -o RUN -- torchrun "
+                          "--nproc-per-node 2 train.py")
+    prepare_run_dir(opts, command)
+    host = socket.gethostname()
+    node_dir = opts.output / "nodes" / f"{host}-{os.getpid()}"
+    node_dir.mkdir(parents=True)
+    env, nccl_note = child_environment(opts, dict(os.environ))
+    node: dict[str, Any] = {"host": host, "pid": os.getpid(), "command": command,
+                            "started_ns": time.time_ns(), "collectors": {"nccl": nccl_note}}
+    write_json_atomic(node_dir / "node.json", node)
+
+    nic_start = nic.snapshot(opts.sysfs_root)
+    write_json_atomic(node_dir / "nic-start.json", nic_start)
+    tty = _foreground_tty()
+    child = _start_child(command, env, tty)
+    forward = lambda signum, frame: _forward(child.pid, signum)  # noqa: E731
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    sampler = GpuSampler(node_dir / "gpu-samples.csv", opts.gpu_interval_s)
+    node["collectors"]["gpu"] = sampler.start()
+    try:
+        status = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _give_terminal(tty)
+        sampler.stop()
+    nic_end = nic.snapshot(opts.sysfs_root)
+    write_json_atomic(node_dir / "nic-end.json", nic_end)
+    node["collectors"]["nic"] = _nic_note(nic_end)
+    node["collectors"]["nccl"] += _nccl_logs_note(opts.output / "nccl")
+    if sampler.error:
+        node["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
+    node.update(ended_ns=time.time_ns(), exit_code=status if status >= 0 else None,
+                signal=signal.Signals(-status).name if status < 0 else None)
+    write_json_atomic(node_dir / "node.json", node)
+    return status
+
+
+def _forward(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _nccl_logs_note(nccl_dir: Path) -> str:
+    """Remove the NCCL log folder when the job left it empty (no NCCL in the job)."""
+    if not nccl_dir.is_dir():
+        return ""
+    logs = len(list(nccl_dir.iterdir()))
+    if logs:
+        return f"; {logs} log file(s) in nccl/"
+    try:
+        nccl_dir.rmdir()
+    except OSError:  # another node of the run wrote into it meanwhile
+        return ""
+    return "; no NCCL log written (the job did not use NCCL)"
+
+
+def _nic_note(snapshot: dict[str, Any]) -> str:
+    parts = [f"RDMA: {sum(len(p) for p in snapshot['rdma'].values())} port(s)" if snapshot["rdma"]
+             else snapshot["notes"]["rdma"],
+             f"netdev: {len(snapshot['netdev'])} interface(s)" if snapshot["netdev"]
+             else snapshot["notes"]["netdev"]]
+    return "counters at start and end; " + "; ".join(parts)
+
+
+def exit_like(status: int) -> int:
+    """Leave the way the job left: return its exit code, or die by the signal that killed it."""
+    if status >= 0:
+        return status
+    signum = -status
+    signal.signal(signum, signal.SIG_DFL)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signum)
+    return 128 + signum  # only reached for signals whose default action is not to terminate

@@ -1,0 +1,1 @@
+"""The Dash web app."""

@@ -1,0 +1,1 @@
+"""Example training jobs used by ``dpro demo``, the tests and the benchmarks."""

@@ -1,0 +1,149 @@
+"""Train a small GPT-style language model with DistributedDataParallel.
+
+Runs with gloo on CPU and with NCCL on GPUs, under torchrun::
+
+    torchrun --standalone --nproc-per-node 2 examples/train_lm.py --steps 40
+
+The data is a synthetic language with learnable structure (each token depends on the two before
+it, with noise), generated from a seed, so the job needs no download and its loss falls.
+``--step-times`` and ``--torch-profiler`` exist for dpro's overhead benchmark: the first writes
+each step's end time (the moment its optimizer step returned), the second profiles the same steps
+as ``dpro record`` would, with a bare torch.profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = nn.MultiheadAttention(d_model, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab: int, seq_len: int, d_model: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.full((seq_len, seq_len), -math.inf), 1))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
+        for block in self.blocks:
+            x = block(x, self.mask[:t, :t])
+        return self.head(self.ln(x))
+
+
+def synthetic_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) -> torch.Tensor:
+    """Sequences where token i is (3·t[i-1] + t[i-2] + 1) mod vocab, one token in ten random."""
+    seq = torch.empty(batch, seq_len + 1, dtype=torch.long)
+    seq[:, :2] = torch.randint(vocab, (batch, 2), generator=gen)
+    for i in range(2, seq_len + 1):
+        seq[:, i] = (3 * seq[:, i - 1] + seq[:, i - 2] + 1) % vocab
+    noise = torch.rand(batch, seq_len + 1, generator=gen) < 0.1
+    seq[noise] = torch.randint(vocab, (int(noise.sum()),), generator=gen)
+    return seq
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-times", help="write each step's end time (ns) to this file + '.<rank>'")
+    p.add_argument("--torch-profiler", metavar="DIR",
+                   help="profile with a bare torch.profiler (skip 10, warm-up 2, 5 steps) into DIR")
+    p.add_argument("--profiler-window", default="10,2,5", help="skip,warmup,steps for --torch-profiler")
+    return p.parse_args(argv)
+
+
+def bare_profiler(trace_dir: str, window: str, rank: int, cuda: bool) -> torch.profiler.profile:
+    """A torch.profiler set up as ``dpro record`` sets it up, for comparison."""
+    skip, warmup, steps = (int(v) for v in window.split(","))
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+
+    def save(prof: torch.profiler.profile) -> None:
+        prof.export_chrome_trace(os.path.join(trace_dir, f"rank{rank}.json.gz"))
+
+    return torch.profiler.profile(
+        activities=activities, record_shapes=True, on_trace_ready=save,
+        schedule=torch.profiler.schedule(skip_first=skip, wait=0, warmup=warmup, active=steps, repeat=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    else:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+
+    torch.manual_seed(args.seed)
+    model = TinyGPT(args.vocab, args.seq_len, args.d_model, args.layers, args.heads).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
+                                  bucket_cap_mb=args.bucket_cap_mb)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+
+    profiler = bare_profiler(args.torch_profiler, args.profiler_window, rank, cuda) if args.torch_profiler else None
+    if profiler:
+        os.makedirs(args.torch_profiler, exist_ok=True)
+        profiler.start()
+    ends = []
+    for step in range(args.steps):
+        batch = synthetic_batch(gen, args.batch_size, args.seq_len, args.vocab).to(device)
+        logits = ddp(batch[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        ends.append(time.time_ns())
+        if profiler:
+            profiler.step()
+        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+            print(f"step {step:4d}  loss {loss.item():.3f}", flush=True)
+    if profiler:
+        profiler.stop()
+    if args.step_times:
+        with open(f"{args.step_times}.{rank}", "w") as f:
+            f.write("".join(f"{t}\n" for t in ends))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Per-rank traces to tables and to one global dataflow graph."""

@@ -1,0 +1,1 @@
+"""Search of optimization strategies with the replayer as cost model."""

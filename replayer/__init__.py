@@ -1,0 +1,1 @@
+"""Discrete-event replay of the global dataflow graph."""
