@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dpro.errors import DproError
 from dpro.run_format import (RunFormatError, create_manifest, is_run_dir, new_manifest, open_run,
                              write_json_atomic)
 
@@ -29,7 +30,7 @@ BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-class RecordError(Exception):
+class RecordError(DproError):
     """A reason not to start recording, said in one line."""
 
 
@@ -202,7 +203,8 @@ def exit_like(status: int) -> int:
     if status >= 0:
         return status
     signum = -status
-    signal.signal(signum, signal.SIG_DFL)
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):  # the only two that cannot be caught
+        signal.signal(signum, signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signum)

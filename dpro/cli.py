@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .run_format import RunFormatError
+from .errors import DproError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -20,12 +20,9 @@ class _OneLineErrors(click.Group):
     """Turns dpro's expected failures (bad input) into one-line errors with exit code 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from dpro.collectors.record import RecordError
-        from dpro.graph.kineto import TraceFormatError
-
         try:
             return super().invoke(ctx)
-        except (RecordError, RunFormatError, TraceFormatError) as e:
+        except DproError as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:
             raise click.ClickException(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None

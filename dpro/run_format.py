@@ -29,13 +29,15 @@ from typing import Any
 
 import pandas as pd
 
+from .errors import DproError
+
 FORMAT_NAME = "dpro-run"
 FORMAT_VERSION = "1.0"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
 
 
-class RunFormatError(ValueError):
+class RunFormatError(DproError, ValueError):
     """A path that is not a run directory this version of dpro can read."""
 
 

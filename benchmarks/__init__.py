@@ -1,0 +1,1 @@
+"""dpro's benchmarks: ``python -m benchmarks [--quick]`` runs them all and prints one table."""

@@ -1,0 +1,46 @@
+"""Run every benchmark and print one table of ratios measured side by side in this run.
+
+    python -m benchmarks            # all cases (several minutes)
+    python -m benchmarks --quick    # fewer repetitions and cases
+    python -m benchmarks --json results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading")
+
+
+def format_table(rows: list[dict]) -> str:
+    header = ("benchmark", "case", "metric", "dpro", "baseline", "ratio", "goal", "met")
+    cells = [header] + [(r["benchmark"], r["case"], r["metric"], f"{r['dpro']:.4g}", f"{r['baseline']:.4g}",
+                         f"{r['ratio']:.3f}x", r["goal"], "yes" if r["met"] else "NO") for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and cases")
+    parser.add_argument("--only", choices=[b.rsplit(".", 1)[1] for b in BENCHMARKS], action="append")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    rows: list[dict] = []
+    for name in BENCHMARKS:
+        if args.only and name.rsplit(".", 1)[1] not in args.only:
+            continue
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        rows += importlib.import_module(name).run(quick=args.quick)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Shared fixtures: the ``dpro`` command, small job scripts, and a real recorded 2-rank run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = Path(__file__).resolve().parent / "jobs"
+EXAMPLE = ROOT / "examples" / "train_lm.py"
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+# A small, quick configuration of the example job.
+SMALL_LM = ["--d-model", "64", "--layers", "1", "--seq-len", "32"]
+
+
+def dpro(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real ``dpro`` command line and capture its output."""
+    return subprocess.run([sys.executable, "-m", "dpro", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Bad input: a non-zero exit and a single ``Error: ...`` line, never a traceback."""
+    assert result.returncode != 0, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="session")
+def recorded_run(tmp_path_factory) -> Path:
+    """A real 2-rank gloo DDP job recorded by ``dpro record``: 12 steps, steps 4-5 profiled."""
+    run = tmp_path_factory.mktemp("recorded") / "run"
+    result = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--",
+                  *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "12", *SMALL_LM)
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"the shared real traces are not at {SHARED_TRACES} (clone with shared/ beside it)")
+    return SHARED_TRACES

@@ -1,0 +1,67 @@
+"""The command line itself: help, version, and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpro import __version__
+from dpro.cli import main
+
+from .conftest import assert_one_line_error, dpro
+
+
+def test_version() -> None:
+    result = dpro("--version")
+    assert result.returncode == 0 and __version__ in result.stdout
+
+
+@pytest.mark.parametrize("command", [[]] + [[name] for name in main.commands])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = dpro(*command, "--help")
+    assert result.returncode == 0 and "Usage: dpro" in result.stdout
+    assert len(result.stdout.splitlines()) > 3
+
+
+def test_record_without_a_command(tmp_path: Path) -> None:
+    assert_one_line_error(dpro("record", "-o", tmp_path / "run"), "missing the command")
+    assert_one_line_error(dpro("record", "-o", tmp_path / "run2", "--"), "missing the command")
+
+
+def test_record_of_a_command_that_does_not_exist(tmp_path: Path) -> None:
+    assert_one_line_error(dpro("record", "-o", tmp_path / "run", "--", "no-such-program-xyz"),
+                          "command not found: no-such-program-xyz")
+
+
+def test_info_on_a_run_of_an_unknown_major_version(recorded_run: Path, tmp_path: Path) -> None:
+    future = tmp_path / "future-run"
+    shutil.copytree(recorded_run / "nodes", future / "nodes")
+    manifest = json.loads((recorded_run / "run.json").read_text())
+    (future / "run.json").write_text(json.dumps({**manifest, "format_version": "2.0"}))
+    assert_one_line_error(dpro("info", future), "run format 2.0", "reads 1.x")
+
+
+@pytest.mark.parametrize("content", [b"", b"not json at all", gzip.compress(b"{\"traceEvents\": [")[:-4],
+                                     b"{\"no\": \"events\"}"])
+def test_info_on_an_unreadable_trace(tmp_path: Path, content: bytes) -> None:
+    trace = tmp_path / "rank0.json.gz"
+    trace.write_bytes(content)
+    assert_one_line_error(dpro("info", trace), str(trace))
+
+
+def test_info_on_a_missing_path(tmp_path: Path) -> None:
+    assert_one_line_error(dpro("info", tmp_path / "nothing-here"), "no such file or directory")
+
+
+def test_info_on_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
+    assert_one_line_error(dpro("info", tmp_path), "not a dpro run directory")
+
+
+def test_merge_into_a_non_empty_directory(recorded_run: Path, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("x")
+    assert_one_line_error(dpro("merge", tmp_path / "taken", recorded_run), "not empty")
