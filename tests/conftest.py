@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = Path(__file__).resolve().parent / "jobs"
+FAKES = Path(__file__).resolve().parent / "fakes"
 EXAMPLE = ROOT / "examples" / "train_lm.py"
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 from dpro.run_format import open_run
 
-from .conftest import EXAMPLE, JOBS, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
+from .conftest import EXAMPLE, FAKES, JOBS, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
 
 
 def test_run_directory_is_complete_for_both_ranks(recorded_run: Path) -> None:
@@ -252,3 +253,26 @@ def test_nodes_join_one_run_and_merge_local_runs(tmp_path: Path) -> None:
     assert merged.returncode == 0, merged.stderr
     assert open_run(tmp_path / "m").ranks == [0, 1] and len(open_run(tmp_path / "m").nodes()) == 2
     assert_one_line_error(dpro("merge", tmp_path / "m2", tmp_path / "a", tmp_path / "a"), "rank 0 is in both")
+
+
+def test_gpu_samples_through_nvml(tmp_path: Path) -> None:
+    # No GPU exists on the test machine: the driver library libnvidia-ml.so.1 is replaced by a
+    # stand-in with the real NVML C signatures (tests/fakes/fake_nvml.c, two GPUs); the real
+    # pynvml binding and dpro's sampler run unchanged on top of it.
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is needed to build the stand-in NVML library")
+    lib = tmp_path / "nvml" / "libnvidia-ml.so.1"
+    lib.parent.mkdir()
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", lib, FAKES / "fake_nvml.c"], check=True)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib.parent), "STEPS": "40"}
+    result = dpro("record", "-o", tmp_path / "run", "--gpu-interval", "0.02", "--",
+                  sys.executable, JOBS / "exit_with.py", "0", env=env)
+    assert result.returncode == 0, result.stderr
+    [node_dir] = (tmp_path / "run" / "nodes").iterdir()
+    assert json.loads((node_dir / "node.json").read_text())["collectors"]["gpu"] == "sampled 2 GPU(s) every 20 ms"
+    samples = pd.read_csv(node_dir / "gpu-samples.csv")
+    assert set(samples["gpu"]) == {0, 1} and len(samples) >= 2
+    gpu1 = samples[samples["gpu"] == 1].iloc[0]
+    assert (gpu1["util_gpu_pct"], gpu1["sm_clock_mhz"], gpu1["power_w"], gpu1["mem_used_mib"]) == (91, 1410, 350.0, 20480)
+    assert gpu1["throttle_reasons"] == 0x20 and gpu1["pcie_rx_kib_s"] == 2000 and gpu1["nvlink_tx_kib"] == 5000
