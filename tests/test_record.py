@@ -276,3 +276,25 @@ def test_gpu_samples_through_nvml(tmp_path: Path) -> None:
     gpu1 = samples[samples["gpu"] == 1].iloc[0]
     assert (gpu1["util_gpu_pct"], gpu1["sm_clock_mhz"], gpu1["power_w"], gpu1["mem_used_mib"]) == (91, 1410, 350.0, 20480)
     assert gpu1["throttle_reasons"] == 0x20 and gpu1["pcie_rx_kib_s"] == 2000 and gpu1["nvlink_tx_kib"] == 5000
+
+
+def test_job_owns_the_terminal(tmp_path: Path) -> None:
+    # A real pseudo-terminal (util-linux `script`): the job reads from it, and Ctrl-C typed on it
+    # reaches the job, which dies of SIGINT; dpro then ends the same way (status 130).
+    script = shutil.which("script")
+    if script is None:
+        pytest.skip("util-linux `script` is needed for a pseudo-terminal")
+    job = f"{sys.executable} -m dpro record -o {tmp_path / 'run'} -- {sys.executable} -c "
+    read = subprocess.run([script, "-qec", job + "'print(\"got\", input())'; echo status=$?", "/dev/null"],
+                          input="hello\n", capture_output=True, text=True, timeout=60)
+    assert "got hello" in read.stdout and "status=0" in read.stdout, read.stdout
+    shutil.rmtree(tmp_path / "run")
+    interrupted = subprocess.Popen([script, "-qec", job + "'import time; time.sleep(60)'; echo status=$?",
+                                    "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "run").glob("nodes/*/nic-start.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # the job's interpreter starts and owns the terminal
+    out, _ = interrupted.communicate("\x03", timeout=60)
+    assert "KeyboardInterrupt" in out and "status=130" in out, out
+    assert open_run(tmp_path / "run").nodes()[0]["signal"] == "SIGINT"
