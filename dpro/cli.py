@@ -209,5 +209,48 @@ def merge(output: Path, sources: tuple[Path, ...]) -> None:
     click.echo(f"dpro: merged {len(sources)} run(s) into {output}: ranks {merged['ranks']}")
 
 
+@main.command()
+@click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--export", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the predicted timeline as a Chrome trace (opens in Perfetto).")
+@click.option("--no-align", is_flag=True, help="Ignore the recorded clock offsets between ranks.")
+def replay(run_dir: Path, as_json: bool, export: Path | None, no_align: bool) -> None:
+    """Replay a recorded run's dataflow graph: measured against predicted step time."""
+    from dpro.replayer.report import comparison, export_chrome_trace, replay_run
+
+    from .run_format import open_run
+
+    graph, result = replay_run(open_run(run_dir), align=not no_align)
+    summary = comparison(graph, result)
+    if export:
+        export_chrome_trace(graph, result, export)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    click.echo(f"steps {summary['steps']}: {summary['nodes']} nodes, {summary['edges']} edges")
+    click.echo("rank  measured ms  predicted ms  error %")
+    for r in summary["per_rank"]:
+        click.echo(f"{r['rank']:<4}  {r['measured_step_ms']:11.2f}  {r['predicted_step_ms']:12.2f}  {r['error_pct']:+7.2f}")
+    click.echo(f"job   {summary['measured_step_ms']:11.2f}  {summary['predicted_step_ms']:12.2f}  {summary['error_pct']:+7.2f}")
+
+
+@main.command("critical-path")
+@click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def critical_path_command(run_dir: Path, as_json: bool) -> None:
+    """The critical path of a recorded run's predicted step."""
+    from dpro.replayer.report import critical_path, replay_run
+
+    from .run_format import open_run
+
+    path = critical_path(*replay_run(open_run(run_dir)))
+    if as_json:
+        click.echo(json.dumps(path, indent=1))
+        return
+    for p in path:
+        click.echo(f"{p['start_ms']:9.3f} ms  {p['dur_ms']:8.3f} ms  {p['resource']:<16} {p['name']}")
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,314 @@
+"""The global dataflow graph of one typical training step, across all ranks.
+
+Nodes are the top-level operators of each CPU thread, the kernels, copies and memsets of each
+GPU stream, and one node per collective shared by every rank that takes part in it. Every edge
+``u -> v`` carries a lag and means ``start(v) >= end(u) + lag``:
+
+- program order on a thread or stream (lag: the idle gap measured between the two);
+- CPU -> GPU launch (by correlation id; negative lag: the launch ends inside its top-level op);
+- GPU -> CPU synchronisation and waits for a collective (the CPU sat idle until it finished);
+- collective enqueue (the op that issued it) and per-rank order on the communication thread.
+
+Durations and gaps are medians over the profiled steps whose op sequence is the same, so the
+graph describes a typical step. Ranks are aligned with the clock offsets recorded by
+``dpro record`` (``align=False`` ignores them, to measure what alignment buys).
+
+    >>> g = build_graph(open_run("run1"))           # doctest: +SKIP
+    >>> g.to_networkx().number_of_nodes()           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpro.errors import DproError
+from dpro.run_format import Run
+
+from .kineto import TraceTables, load_trace
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+CPU_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy")
+LAUNCH_SUFFIXES = ("LaunchKernel", "LaunchCooperativeKernel", "MemcpyAsync", "MemsetAsync",
+                   "ExtModuleLaunchKernel", "GraphLaunch")
+WAIT_GAP_NS = 20_000  # an idle gap this long on a CPU thread may be a wait
+
+
+class GraphError(DproError):
+    """The traces cannot make a graph (no common profiled step, no trace...)."""
+
+
+@dataclass
+class DataflowGraph:
+    """Nodes and lag edges of one typical step; see the module docstring.
+
+    ``nodes``: ``rank`` (-1 for a collective), ``kind`` (``cpu``, ``gpu``, ``collective``),
+    ``resource`` (``"r0/cpu/1234"``, ``"r0/gpu/7"``, ``"coll"``), ``name``, ``dur_ns``,
+    ``offset_ns`` (typical start relative to the earliest rank's step start), ``coll`` (collective
+    name). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``. ``step_ns``: measured mean step time
+    per rank over the steps used; ``tail_ns``: per rank, from the end of its last node to the end
+    of its step; ``start_ns``: when each rank's step starts, relative to the earliest.
+    """
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    step_ns: dict[int, float]
+    tail_ns: dict[int, float]
+    start_ns: dict[int, float] = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)
+
+    def to_networkx(self) -> Any:
+        """The graph as a ``networkx.DiGraph`` (node and edge attributes from the tables)."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from((i, row) for i, row in enumerate(self.nodes.to_dict("records")))
+        g.add_edges_from((int(s), int(d), {"lag_ns": int(l), "kind": k}) for s, d, l, k in
+                         self.edges[["src", "dst", "lag_ns", "kind"]].itertuples(index=False))
+        return g
+
+
+@dataclass
+class _RankStep:
+    """One rank's typical step: its nodes (as a frame) and its edges within the rank."""
+
+    rank: int
+    nodes: pd.DataFrame  # name, kind, resource, dur_ns, offset_ns, coll, gap_ns
+    edges: list[tuple[int, int, int, str]]
+    step_ns: float
+    tail_ns: float
+    start_ns: float
+
+
+def _top_level(events: pd.DataFrame) -> np.ndarray:
+    """Mask of the events (of one thread, sorted by start) not nested in an earlier one."""
+    ends = (events["start_ns"] + events["dur_ns"]).to_numpy()
+    prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], ends[:-1]]))
+    return events["start_ns"].to_numpy() >= prev_max
+
+
+def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Top-level CPU ops per thread and GPU ops per stream of one step; and the calls that carry
+    dependencies (launches, syncs, collective enqueues), nested or top-level, each with the key
+    of its top-level parent."""
+    ev = ev[~ev["name"].astype(str).str.startswith("ProfilerStep#")]
+    cpu = ev[ev["cat"].isin(CPU_CATEGORIES) & (ev["stream"] < 0)]
+    gpu = ev[ev["cat"].isin(GPU_CATEGORIES)]
+    parts, inner = [], []
+    for tid, thread in cpu.groupby("tid", sort=True):
+        thread = thread.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
+        top = _top_level(thread)
+        tops = thread[top].assign(kind="cpu", resource=f"cpu/{tid}")
+        parts.append(tops)
+        nested = thread[~top]
+        parent = np.searchsorted(tops["start_ns"].to_numpy(), nested["start_ns"].to_numpy(), "right") - 1
+        inner.append(nested.assign(parent_key=[f"cpu/{tid}#{p}" for p in parent]))
+    for stream, s in gpu.groupby("stream", sort=True):
+        parts.append(s.sort_values("start_ns").assign(kind="gpu", resource=f"gpu/{stream}"))
+    nodes = pd.concat(parts, ignore_index=True) if parts else ev.iloc[:0].assign(kind="", resource="")
+    nodes["pos"] = nodes.groupby("resource").cumcount()
+    nodes["key"] = nodes["resource"] + "#" + nodes["pos"].astype(str)
+    # The step ends in the optimizer step hook, inside the optimizer's own op: what that op does
+    # after the boundary (the hook, and the profiler stopping in the window's last step)
+    # belongs to no step.
+    cpu_rows = nodes["kind"] == "cpu"
+    nodes.loc[cpu_rows, "dur_ns"] = np.minimum(nodes.loc[cpu_rows, "dur_ns"],
+                                               np.maximum(step_end - nodes.loc[cpu_rows, "start_ns"], 0))
+    nodes["offset_ns"] = nodes["start_ns"] - step_start
+    inner = pd.concat(inner, ignore_index=True) if inner else ev.iloc[:0].assign(parent_key="")
+    # A top-level call (a launch or sync made outside any op) is its own parent.
+    calls = pd.concat([nodes[nodes["kind"] == "cpu"].assign(parent_key=nodes["key"]), inner], ignore_index=True)
+    return nodes, calls
+
+
+def _signature(nodes: pd.DataFrame) -> tuple:
+    return tuple(zip(nodes["resource"], nodes["name"].astype(str)))
+
+
+def _rank_step(tables: TraceTables, rank: int, steps: list[int]) -> _RankStep:
+    """One rank's typical step over ``steps``: medians over the steps that share a structure."""
+    per_step = []
+    windows = tables.steps.set_index("step")
+    for s in steps:
+        ev = tables.events[tables.events["step"] == s]
+        nodes, inner = _step_nodes(ev, int(windows.loc[s, "start_ns"]), int(windows.loc[s, "end_ns"]))
+        per_step.append((s, nodes, inner))
+    signatures = [_signature(n) for _, n, _ in per_step]
+    common = max(set(signatures), key=lambda sig: (signatures.count(sig), len(sig)))  # ties: the fuller step
+    chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
+    template_step, template, inner = chosen[0]
+    for column in ("dur_ns", "offset_ns"):
+        template[column] = np.median(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
+    step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
+    step_ns = float(np.mean(step_durations))  # contiguous steps: the window's span over their count
+    ends = template["offset_ns"] + template["dur_ns"]
+    edges = _rank_edges(template, inner)
+    return _RankStep(rank, template, edges, step_ns, tail_ns=step_ns - float(ends.max()),
+                     start_ns=float(np.median([windows.loc[s, "start_ns"] for s, _, _ in chosen])))
+
+
+def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int, int, str]]:
+    """Edges within one rank: program order, launches, syncs, collective enqueues and waits."""
+    index = {k: i for i, k in enumerate(nodes["key"])}
+    start = nodes["offset_ns"].to_numpy()
+    end = start + nodes["dur_ns"].to_numpy()
+    measured_start = nodes["start_ns"].to_numpy()  # absolute, in the step the template came from
+
+    def parent_of(keys: pd.Series) -> list[int | None]:
+        return [index.get(k) for k in keys]
+
+    def lag_after_parent(parent: int, done_abs: int) -> int:
+        """Lag from the parent's end to a nested call's end, with the parent's typical duration."""
+        return int(done_abs - measured_start[parent] - (end[parent] - start[parent]))
+
+    order: dict[int, list] = {}
+    for _, group in nodes.groupby("resource", sort=False):
+        ids = group.index.to_numpy()
+        for a, b in zip(ids[:-1], ids[1:]):
+            order[b] = [a, b, int(start[b] - end[a]), "order"]
+    edges: list[tuple[int, int, int, str]] = []
+    gpu = nodes[nodes["kind"] == "gpu"]
+    by_corr = dict(zip(gpu["correlation"], gpu.index))
+    # CPU -> GPU: the launch call, nested in a top-level op, returns before the kernel can start.
+    launches = inner[inner["correlation"].isin(by_corr.keys()) & (inner["correlation"] >= 0)]
+    launched_by = np.full(len(nodes), -1)
+    for parent, corr, done in zip(parent_of(launches["parent_key"]), launches["correlation"],
+                                  launches["start_ns"] + launches["dur_ns"]):
+        if parent is not None:
+            edges.append((parent, by_corr[corr], lag_after_parent(parent, done), "launch"))
+            launched_by[by_corr[corr]] = parent
+    # GPU -> CPU: a blocking sync returns only after the GPU work it waited for. Work launched
+    # by the same top-level op (a blocking copy) is waited for inside that op's own duration.
+    gpu_end = (gpu["start_ns"] + gpu["dur_ns"]).to_numpy()
+    gpu_launcher = launched_by[gpu.index.to_numpy()]
+    syncs = inner[inner["name"].astype(str).isin(SYNC_NAMES)]
+    for parent, done in zip(parent_of(syncs["parent_key"]), syncs["start_ns"] + syncs["dur_ns"]):
+        finished = np.flatnonzero((gpu_end <= done) & (gpu_launcher != parent))
+        if parent is not None and finished.size:
+            last = finished[np.argmax(gpu_end[finished])]
+            edges.append((int(gpu.index[last]), parent, int(measured_start[parent] - gpu_end[last]), "sync"))
+    # Collectives: issued by a c10d::* call on another thread, waited for by idle CPU threads.
+    instances = _collectives(nodes)
+    issued = _enqueue_ops(inner).set_index(["coll_name", "occurrence"])
+    cpu_threads = [g for _, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)]
+    for i, name, k in zip(instances.index, instances["coll_name"], instances["occurrence"]):
+        if (name, k) in issued.index:
+            call = issued.loc[(name, k)]
+            parent = index.get(call["parent_key"])
+            if parent is not None:
+                edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
+        for thread in cpu_threads:
+            waiter = _waiter(thread, end[i], start, end)
+            if waiter is not None and waiter != i:
+                edges.append((i, waiter, int(start[waiter] - end[i]), "wait"))
+                prev = order[waiter]
+                prev[2] = min(prev[2], int(np.median([order[j][2] for j in thread.index[1:]])))
+    return edges + [tuple(e) for e in order.values()]
+
+
+def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> int | None:
+    """The op of ``thread`` that started after a long idle gap in which ``done`` fell."""
+    ids = thread.index.to_numpy()
+    j = int(np.searchsorted(start[ids], done, "left"))
+    if j == 0 or j >= len(ids):
+        return None
+    before, after = ids[j - 1], ids[j]
+    if end[before] <= done and start[after] - end[before] >= WAIT_GAP_NS:
+        return int(after)
+    return None
+
+
+def _collectives(nodes: pd.DataFrame) -> pd.DataFrame:
+    """The rank's collective nodes, numbered by order of issue per collective name."""
+    coll = nodes[nodes["coll_name"].notna() & (nodes["kind"] == "cpu")]
+    coll = coll[~coll["name"].astype(str).str.startswith("c10d::")]
+    return coll.assign(occurrence=coll.groupby("coll_name", observed=True).cumcount())
+
+
+def _enqueue_ops(inner: pd.DataFrame) -> pd.DataFrame:
+    """Main-thread ``c10d::*`` calls that issue collectives, numbered like :func:`_collectives`."""
+    issued = inner[inner["name"].astype(str).str.startswith("c10d::") & inner["coll_name"].notna()]
+    issued = issued.sort_values("start_ns")
+    return issued.assign(occurrence=issued.groupby("coll_name", observed=True).cumcount())
+
+
+def load_run_traces(run: Run) -> dict[int, TraceTables]:
+    """Every rank's trace of a run; a rank without one is an error."""
+    missing = [r for r in run.ranks if run.trace_path(r) is None]
+    if not run.ranks or missing:
+        raise GraphError(f"{run.root}: no trace for rank(s) {missing or 'any'}; was the profiling window reached?")
+    return {r: load_trace(run.trace_path(r), rank=r) for r in run.ranks}
+
+
+def clock_offsets(run: Run) -> dict[int, int]:
+    """Each rank's recorded clock offset against rank 0 (0 where it was not measured)."""
+    out = {}
+    for r in run.ranks:
+        path = run.rank_dir(r) / "clock.json"
+        offset = json.loads(path.read_text()).get("offset_ns") if path.exists() else None
+        out[r] = int(offset or 0)
+    return out
+
+
+def build_graph(traces: dict[int, TraceTables], offsets: dict[int, int] | None = None,
+                align: bool = True) -> DataflowGraph:
+    """The global dataflow graph of the profiled steps common to every rank."""
+    common = sorted(set.intersection(*(set(t.steps["step"]) for t in traces.values())))
+    if not common:
+        raise GraphError("the traces share no profiled step (ProfilerStep#N)")
+    rank_steps = {r: _rank_step(t, r, common) for r, t in sorted(traces.items())}
+    frames, edges, base = [], [], 0
+    starts = {r: rs.start_ns - (offsets or {}).get(r, 0) * align for r, rs in rank_steps.items()}
+    first = min(starts.values())
+    colls: dict[tuple[str, int], list[tuple[int, int, pd.Series]]] = {}
+    for r, rs in rank_steps.items():
+        n = rs.nodes.assign(rank=r, resource=f"r{r}/" + rs.nodes["resource"])
+        n["offset_ns"] = n["offset_ns"] + (starts[r] - first)
+        frames.append(n)
+        edges += [(a + base, b + base, lag, kind) for a, b, lag, kind in rs.edges]
+        for row in _collectives(rs.nodes).itertuples():
+            colls.setdefault((row.coll_name, row.occurrence), []).append((r, row.Index + base, row))
+        base += len(n)
+    nodes = pd.concat(frames, ignore_index=True)
+    nodes = _merge_collectives(nodes, edges, colls, len(traces))
+    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name"]
+    return DataflowGraph(nodes[keep].rename(columns={"coll_name": "coll"}).reset_index(drop=True),
+                         pd.DataFrame(edges, columns=["src", "dst", "lag_ns", "kind"]),
+                         step_ns={r: rs.step_ns for r, rs in rank_steps.items()},
+                         tail_ns={r: rs.tail_ns for r, rs in rank_steps.items()},
+                         start_ns={r: starts[r] - first for r in rank_steps}, steps=common)
+
+
+def _merge_collectives(nodes: pd.DataFrame, edges: list, colls: dict, world: int) -> pd.DataFrame:
+    """Turn each collective seen on every rank into one shared node.
+
+    Each rank's instance becomes an arrival (duration 0) feeding the shared node, whose duration
+    is the transfer time: the shortest instance (the last rank to arrive waits the least).
+    Whatever followed an instance on its rank now follows the shared node.
+    """
+    nodes = nodes.copy()
+    shared_of: dict[int, int] = {}
+    rows = []
+    for (name, k), instances in colls.items():
+        if len(instances) < world:
+            continue  # not matched on every rank: left as ordinary per-rank ops
+        shared = len(nodes) + len(rows)
+        ids = [i for _, i, _ in instances]
+        rows.append({"rank": -1, "kind": "collective", "resource": "coll", "name": f"{name}#{k}",
+                     "dur_ns": float(nodes.loc[ids, "dur_ns"].min()),
+                     "offset_ns": float(nodes.loc[ids, "offset_ns"].max()), "coll_name": name})
+        for i in ids:
+            shared_of[i] = shared
+    for e, (src, dst, lag, kind) in enumerate(edges):
+        if src in shared_of:
+            edges[e] = (shared_of[src], dst, lag, kind)
+    edges += [(i, shared, 0, "arrive") for i, shared in shared_of.items()]
+    nodes.loc[list(shared_of), "dur_ns"] = 0.0
+    return pd.concat([nodes, pd.DataFrame(rows)], ignore_index=True)

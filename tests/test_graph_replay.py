@@ -1,0 +1,117 @@
+"""The global dataflow graph and its replay, on real recorded runs and the shared GPU traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpro.graph.dataflow import DataflowGraph, build_graph, clock_offsets, load_run_traces
+from dpro.graph.kineto import load_trace
+from dpro.replayer.simulate import ReplayError, replay
+from dpro.run_format import open_run
+
+from .conftest import assert_one_line_error, dpro
+
+
+@pytest.fixture(scope="module")
+def run_graph(recorded_run: Path) -> DataflowGraph:
+    run = open_run(recorded_run)
+    return build_graph(load_run_traces(run), clock_offsets(run))
+
+
+def test_collectives_are_matched_across_ranks(run_graph: DataflowGraph) -> None:
+    nodes, edges = run_graph.nodes, run_graph.edges
+    shared = nodes[nodes["kind"] == "collective"]
+    assert set(shared["coll"]) >= {"all_reduce"}, "DDP's gradient all-reduce is one shared node"
+    for v in shared.index:
+        arrivals = edges[(edges["dst"] == v) & (edges["kind"] == "arrive")]
+        assert sorted(nodes.loc[arrivals["src"], "rank"]) == [0, 1]
+        assert nodes.at[v, "dur_ns"] > 0
+    enqueue = edges[edges["kind"] == "enqueue"]
+    assert len(enqueue) >= 2 * len(shared)
+    for src, dst in zip(enqueue["src"], enqueue["dst"]):  # issued from another thread of the same rank
+        assert nodes.at[src, "rank"] == nodes.at[dst, "rank"] and nodes.at[src, "resource"] != nodes.at[dst, "resource"]
+    waits = edges[edges["kind"] == "wait"]
+    assert set(nodes.loc[waits["src"], "kind"]) == {"collective"}, "the main thread waits for the all-reduce"
+
+
+def test_program_order_stays_on_one_thread(run_graph: DataflowGraph) -> None:
+    nodes, order = run_graph.nodes, run_graph.edges[run_graph.edges["kind"] == "order"]
+    same = nodes.loc[order["src"], "resource"].to_numpy() == nodes.loc[order["dst"], "resource"].to_numpy()
+    assert same.all() and (order["lag_ns"] >= 0).all()
+    g = run_graph.to_networkx()
+    assert nx.is_directed_acyclic_graph(g) and g.number_of_nodes() == len(nodes)
+
+
+def test_replay_predicts_the_recorded_step_time(run_graph: DataflowGraph) -> None:
+    result = replay(run_graph)
+    for rank in (0, 1):
+        assert abs(result.step_ns[rank] / run_graph.step_ns[rank] - 1) < 0.10
+    slower = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["kind"] == "collective", 10, 1)
+    assert min(replay(run_graph, durations=slower).step_ns.values()) > max(result.step_ns.values()), \
+        "ten times slower collectives make a slower step"
+
+
+def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:
+    out = dpro("replay", recorded_run, "--json", "--export", tmp_path / "predicted.json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert {"measured_step_ms", "predicted_step_ms", "error_pct"} <= set(summary)
+    assert [r["rank"] for r in summary["per_rank"]] == [0, 1]
+    trace = json.loads((tmp_path / "predicted.json").read_text())["traceEvents"]
+    tracks: dict = {}
+    for e in trace:
+        tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in tracks.values():  # Perfetto shows no overlap on a track
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:]))
+    assert dpro("replay", recorded_run, "--no-align").returncode == 0
+    path = dpro("critical-path", recorded_run, "--json")
+    assert path.returncode == 0 and len(json.loads(path.stdout)) > 1
+
+
+def test_replay_of_a_run_without_traces(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.0"}))
+    assert_one_line_error(dpro("replay", tmp_path / "run"), "no trace")
+
+
+GPU_TRACES = ["a100-2rank-ddp-rank0", "v100-resnet50-worker0", "v100-1rank-ns-timestamps",
+              "sampled-128rank-rank0", "mi250-rocm-toy-train"]
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_gpu_trace_graph(shared_traces: Path, name: str) -> None:
+    tables = load_trace(shared_traces / "gpu" / f"{name}.json.gz")
+    graph = build_graph({tables.meta["rank"]: tables})
+    nodes, edges = graph.nodes, graph.edges
+    launches = edges[edges["kind"] == "launch"]
+    assert len(launches) > 0
+    assert set(nodes.loc[launches["src"], "kind"]) == {"cpu"} and set(nodes.loc[launches["dst"], "kind"]) == {"gpu"}
+    gpu = nodes[nodes["kind"] == "gpu"]
+    assert gpu["resource"].str.contains("/gpu/").all()
+    assert set(gpu.index) <= set(launches["dst"]) | set(edges.loc[edges["kind"] == "order", "dst"])
+    predicted = replay(graph).step_ns[tables.meta["rank"]]
+    assert abs(predicted / graph.step_ns[tables.meta["rank"]] - 1) < 0.05
+
+
+def test_blocking_sync_makes_the_cpu_wait_for_the_gpu(shared_traces: Path) -> None:
+    tables = load_trace(shared_traces / "gpu" / "v100-resnet50-worker0.json.gz")
+    graph = build_graph({0: tables})
+    syncs = graph.edges[graph.edges["kind"] == "sync"]
+    assert len(syncs) >= 1
+    assert set(graph.nodes.loc[syncs["src"], "kind"]) == {"gpu"} and set(graph.nodes.loc[syncs["dst"], "kind"]) == {"cpu"}
+
+
+def test_a_cycle_is_refused() -> None:
+    nodes = pd.DataFrame({"rank": [0, 0], "kind": ["cpu", "cpu"], "resource": ["r0/cpu/1"] * 2,
+                          "name": ["a", "b"], "dur_ns": [1.0, 1.0], "offset_ns": [0.0, 2.0], "coll": [None, None]})
+    edges = pd.DataFrame({"src": [0, 1], "dst": [1, 0], "lag_ns": [0, 0], "kind": ["order", "order"]})
+    graph = DataflowGraph(nodes, edges, step_ns={0: 3.0}, tail_ns={0: 0.0}, start_ns={0: 0.0})
+    with pytest.raises(ReplayError, match="cycle"):
+        replay(graph)
