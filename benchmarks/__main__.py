@@ -12,7 +12,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading")
+BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy")
 
 
 def format_table(rows: list[dict]) -> str:

@@ -10,6 +10,8 @@ measures dpro's own cost per step directly, in one process: the step hook called
 between two consecutive returns from ``optimizer.step()`` (dpro from its step hook, the others
 from the script's ``--step-times``). Steps 0 (set-up), the profiler's warm-up and the step that
 writes the trace are left out of every side.
+
+    python -m benchmarks --only recording_overhead [--quick]
 """
 
 from __future__ import annotations
@@ -125,7 +127,3 @@ def run(quick: bool = False) -> list[dict]:
     ]
 
 
-if __name__ == "__main__":
-    from benchmarks.__main__ import format_table
-
-    print(format_table(run(quick="--quick" in sys.argv)))

@@ -1,4 +1,4 @@
-"""Train a small GPT-style language model with DistributedDataParallel.
+"""Train a small GPT-style language model (or an MLP or a CNN) with DistributedDataParallel.
 
 Runs with gloo on CPU and with NCCL on GPUs, under torchrun::
 
@@ -6,6 +6,10 @@ Runs with gloo on CPU and with NCCL on GPUs, under torchrun::
 
 The data is a synthetic language with learnable structure (each token depends on the two before
 it, with noise), generated from a seed, so the job needs no download and its loss falls.
+``--arch mlp`` and ``--arch cnn`` train models of other shapes on the same tokens (the MLP on a
+bag of one-hot tokens, the CNN on the sequence as a 1-D signal), predicting the next token; the
+replay benchmark uses them for variety: the MLP is dominated by few large gradients, the CNN by
+many small ones.
 ``--step-times`` and ``--torch-profiler`` exist for dpro's overhead benchmark: the first writes
 each step's end time (the moment its optimizer step returned), the second profiles the same steps
 as ``dpro record`` would, with a bare torch.profiler.
@@ -57,6 +61,46 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
+class TokenMLP(nn.Module):
+    """Predicts the token after a window from the window's one-hot encoding: few, wide layers."""
+
+    def __init__(self, vocab: int, seq_len: int, width: int, layers: int) -> None:
+        super().__init__()
+        dims = [vocab * 2] + [width] * layers
+        self.body = nn.Sequential(*(m for a, b in zip(dims, dims[1:]) for m in (nn.Linear(a, b), nn.ReLU())))
+        self.head = nn.Linear(width, vocab)
+        self.vocab = vocab
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        last_two = F.one_hot(tokens[:, -2:], self.vocab).float().flatten(1)
+        return self.head(self.body(last_two)).unsqueeze(1).expand(-1, tokens.shape[1], -1)
+
+
+class TokenCNN(nn.Module):
+    """A stack of causal 1-D convolutions over token embeddings: many small layers."""
+
+    def __init__(self, vocab: int, channels: int, layers: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, channels)
+        self.convs = nn.ModuleList(nn.Conv1d(channels, channels, 3, padding=2) for _ in range(layers))
+        self.norms = nn.ModuleList(nn.BatchNorm1d(channels) for _ in range(layers))
+        self.head = nn.Linear(channels, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens).transpose(1, 2)
+        for conv, norm in zip(self.convs, self.norms):
+            x = x + F.relu(norm(conv(x)[..., :x.shape[-1]]))
+        return self.head(x.transpose(1, 2))
+
+
+def build_model(args: argparse.Namespace) -> nn.Module:
+    if args.arch == "mlp":
+        return TokenMLP(args.vocab, args.seq_len, args.d_model * 8, args.layers)
+    if args.arch == "cnn":
+        return TokenCNN(args.vocab, args.d_model, args.layers * 4)
+    return TinyGPT(args.vocab, args.seq_len, args.d_model, args.layers, args.heads)
+
+
 def synthetic_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) -> torch.Tensor:
     """Sequences where token i is (3·t[i-1] + t[i-2] + 1) mod vocab, one token in ten random."""
     seq = torch.empty(batch, seq_len + 1, dtype=torch.long)
@@ -70,6 +114,7 @@ def synthetic_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", choices=("gpt", "mlp", "cnn"), default="gpt")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
@@ -114,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
 
     torch.manual_seed(args.seed)
-    model = TinyGPT(args.vocab, args.seq_len, args.d_model, args.layers, args.heads).to(device)
+    model = build_model(args).to(device)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
                                   bucket_cap_mb=args.bucket_cap_mb)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
