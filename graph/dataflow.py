@@ -205,24 +205,25 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
         for thread in cpu_threads:
-            waiter = _waiter(thread, end[i], start, end)
+            waiter, idled = _waiter(thread, end[i], start, end)
             if waiter is not None and waiter != i:
                 edges.append((i, waiter, int(start[waiter] - end[i]), "wait"))
-                prev = order[waiter]
-                prev[2] = min(prev[2], int(np.median([order[j][2] for j in thread.index[1:]])))
+                if idled:  # the thread's long idle gap was the wait: its own gap is the usual one
+                    prev = order[waiter]
+                    prev[2] = min(prev[2], int(np.median([order[j][2] for j in thread.index[1:]])))
     return edges + [tuple(e) for e in order.values()]
 
 
-def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> int | None:
-    """The op of ``thread`` that started after a long idle gap in which ``done`` fell."""
+def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> tuple[int | None, bool]:
+    """The first op of ``thread`` that starts once a collective is ``done`` (it may use the
+    result), and whether the thread sat idle in a long gap until then (it waited for it)."""
     ids = thread.index.to_numpy()
     j = int(np.searchsorted(start[ids], done, "left"))
-    if j == 0 or j >= len(ids):
-        return None
-    before, after = ids[j - 1], ids[j]
-    if end[before] <= done and start[after] - end[before] >= WAIT_GAP_NS:
-        return int(after)
-    return None
+    if j >= len(ids):
+        return None, False
+    after = int(ids[j])
+    idled = j > 0 and end[ids[j - 1]] <= done and start[after] - end[ids[j - 1]] >= WAIT_GAP_NS
+    return after, idled
 
 
 def _collectives(nodes: pd.DataFrame) -> pd.DataFrame:
