@@ -197,7 +197,9 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int
     # Collectives: issued by a c10d::* call on another thread, waited for by idle CPU threads.
     instances = _collectives(nodes)
     issued = _enqueue_ops(inner).set_index(["coll_name", "occurrence"])
-    cpu_threads = [g for _, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)]
+    comm_threads = set(instances["resource"])  # their order already sequences the collectives
+    cpu_threads = [g for resource, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)
+                   if resource not in comm_threads]
     for i, name, k in zip(instances.index, instances["coll_name"], instances["occurrence"]):
         if (name, k) in issued.index:
             call = issued.loc[(name, k)]
