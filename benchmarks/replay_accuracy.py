@@ -2,7 +2,8 @@
 shared GPU traces, with and without clock alignment; and replay speed.
 
 Recorded cases: the example job in three shapes (GPT, MLP, CNN) × two DDP bucket sizes, 2 ranks
-with gloo, recorded with ``dpro record`` in this run; measured is the mean step time over the
+with gloo, and the GPT on 2 hosts (network namespaces, root only) with one host's link throttled
+by ``tc tbf``, all recorded with ``dpro record`` in this run; measured is the mean step time over the
 profiled steps, predicted is the replay of the graph built from them (per-op medians). Every
 case is also replayed with ``align=False``. The shared GPU traces are single ranks recorded
 elsewhere. Replay speed: simulated ops per second over all cases.
@@ -23,7 +24,7 @@ import numpy as np
 from dpro.graph.dataflow import build_graph, clock_offsets, load_run_traces
 from dpro.graph.kineto import load_trace
 from dpro.replayer.simulate import replay
-from dpro.run_format import open_run
+from dpro.run_format import Run, open_run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_lm.py"
@@ -51,6 +52,23 @@ def _errors(traces: dict, offsets: dict | None) -> tuple[float, float, float, in
     return measured, predicted, 100 * (predicted / measured - 1), 4 * len(graph.nodes), seconds
 
 
+def _throttled_run(run_dir: Path) -> Run | None:
+    """A 2-host run (network namespaces) with one host's link throttled; None where namespaces
+    cannot be built (not root), said on stderr."""
+    from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
+
+    reason = can_build_namespaces()
+    if reason is not None:
+        print(f"replay accuracy: no throttled-link case: {reason}", file=sys.stderr)
+        return None
+    with NetnsCluster(2, rates={1: "100mbit"}) as cluster:
+        done = record_across_hosts(cluster, run_dir, [str(EXAMPLE), "--steps", "14"],
+                                   record_args=("--skip", "5", "--warmup", "1", "--steps", "5"))
+    if any(p.returncode != 0 for p in done):
+        raise RuntimeError(f"the throttled run failed: {[p.returncode for p in done]}")
+    return open_run(run_dir)
+
+
 def cases(quick: bool) -> list[tuple[str, dict, dict | None]]:
     """(name, traces, clock offsets) for every case; recorded runs are made here."""
     out = []
@@ -62,6 +80,10 @@ def cases(quick: bool) -> list[tuple[str, dict, dict | None]]:
             _record(run_dir, [*ARCHS[arch], "--bucket-cap-mb", str(bucket)])
             run = open_run(run_dir)
             out.append((f"{arch}, buckets {bucket} MB, 2 ranks", load_run_traces(run), clock_offsets(run)))
+    throttled = _throttled_run(tmp / "gpt-throttled")
+    if throttled is not None:
+        out.append(("gpt, 2 hosts, host 1's link at 100mbit (tc tbf)", load_run_traces(throttled),
+                    clock_offsets(throttled)))
     for path in sorted(TRACES.glob("*.json.gz")) if TRACES.is_dir() else []:
         tables = load_trace(path)
         if len(tables.steps):
