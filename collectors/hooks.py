@@ -72,6 +72,7 @@ class _Recorder:
         self.rank: int | None = None
         self.rank_dir: Path | None = None
         self.steps_fd: int | None = None
+        self.steps_file_id: tuple[int, int] | None = None
         self.step = 0
         self.step_start_ns: int | None = None
         self.step_owner: Any = None  # id() of the optimizer that delimits steps, or "user"
@@ -111,6 +112,8 @@ class _Recorder:
             return
         self.rank, self.rank_dir = rank, rank_dir
         self.steps_fd = os.open(rank_dir / "steps.csv", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        stat = os.fstat(self.steps_fd)
+        self.steps_file_id = (stat.st_dev, stat.st_ino)
         os.write(self.steps_fd, b"step,start_ns,end_ns,phase\n")
         self.write_metadata()
         clock.measure_offset_in_background(rank, world_size, rank_dir / "clock.json", self.log_error)
@@ -134,6 +137,11 @@ class _Recorder:
             self.attach()
             if not self.enabled:
                 return
+        stat = os.fstat(self.steps_fd)
+        if (stat.st_dev, stat.st_ino) != self.steps_file_id:
+            # The job closed dpro's files (and the number now names another file): it may
+            # have closed the profiler's too, so dpro stops here rather than start it.
+            raise RuntimeError("the job closed or replaced dpro's steps.csv descriptor")
         phase = "export" if self.step == self.export_step else self.window.phase(self.step)
         start = "" if self.step_start_ns is None else str(self.step_start_ns)
         os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())

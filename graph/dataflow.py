@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,8 +35,6 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy")
-LAUNCH_SUFFIXES = ("LaunchKernel", "LaunchCooperativeKernel", "MemcpyAsync", "MemsetAsync",
-                   "ExtModuleLaunchKernel", "GraphLaunch")
 WAIT_GAP_NS = 20_000  # an idle gap this long on a CPU thread may be a wait
 
 
@@ -270,14 +267,14 @@ def build_graph(traces: dict[int, TraceTables], offsets: dict[int, int] | None =
     frames, edges, base = [], [], 0
     starts = {r: rs.start_ns - (offsets or {}).get(r, 0) * align for r, rs in rank_steps.items()}
     first = min(starts.values())
-    colls: dict[tuple[str, int], list[tuple[int, int, pd.Series]]] = {}
+    colls: dict[tuple[str, int], list[int]] = {}
     for r, rs in rank_steps.items():
         n = rs.nodes.assign(rank=r, resource=f"r{r}/" + rs.nodes["resource"])
         n["offset_ns"] = n["offset_ns"] + (starts[r] - first)
         frames.append(n)
         edges += [(a + base, b + base, lag, kind) for a, b, lag, kind in rs.edges]
         for row in _collectives(rs.nodes).itertuples():
-            colls.setdefault((row.coll_name, row.occurrence), []).append((r, row.Index + base, row))
+            colls.setdefault((row.coll_name, row.occurrence), []).append(row.Index + base)
         base += len(n)
     nodes = pd.concat(frames, ignore_index=True)
     nodes = _merge_collectives(nodes, edges, colls, len(traces))
@@ -299,11 +296,10 @@ def _merge_collectives(nodes: pd.DataFrame, edges: list, colls: dict, world: int
     nodes = nodes.copy()
     shared_of: dict[int, int] = {}
     rows = []
-    for (name, k), instances in colls.items():
-        if len(instances) < world:
+    for (name, k), ids in colls.items():
+        if len(ids) < world:
             continue  # not matched on every rank: left as ordinary per-rank ops
         shared = len(nodes) + len(rows)
-        ids = [i for _, i, _ in instances]
         rows.append({"rank": -1, "kind": "collective", "resource": "coll", "name": f"{name}#{k}",
                      "dur_ns": float(nodes.loc[ids, "dur_ns"].min()),
                      "offset_ns": float(nodes.loc[ids, "offset_ns"].max()), "coll_name": name})

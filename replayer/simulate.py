@@ -95,7 +95,7 @@ def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[n
     """
     src, dst, lag = [], [], []
     nodes = graph.nodes
-    for resource, group in nodes[nodes["rank"] >= 0].groupby("resource", sort=False):
+    for _, group in nodes[nodes["rank"] >= 0].groupby("resource", sort=False):
         ids = group.index.to_numpy()
         head, tail = ids[np.argmin(offset[ids])], ids[np.argmax(offset[ids] + dur[ids])]
         period = graph.step_ns[int(nodes.at[head, "rank"])]
