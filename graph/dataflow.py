@@ -50,14 +50,13 @@ class DataflowGraph:
     ``resource`` (``"r0/cpu/1234"``, ``"r0/gpu/7"``, ``"coll"``), ``name``, ``dur_ns``,
     ``offset_ns`` (typical start relative to the earliest rank's step start), ``coll`` (collective
     name). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``. ``step_ns``: measured mean step time
-    per rank over the steps used; ``tail_ns``: per rank, from the end of its last node to the end
-    of its step; ``start_ns``: when each rank's step starts, relative to the earliest.
+    per rank over the steps used; ``start_ns``: when each rank's step starts, relative to the
+    earliest.
     """
 
     nodes: pd.DataFrame
     edges: pd.DataFrame
     step_ns: dict[int, float]
-    tail_ns: dict[int, float]
     start_ns: dict[int, float] = field(default_factory=dict)
     steps: list[int] = field(default_factory=list)
 
@@ -80,7 +79,6 @@ class _RankStep:
     nodes: pd.DataFrame  # name, kind, resource, dur_ns, offset_ns, coll, gap_ns
     edges: list[tuple[int, int, int, str]]
     step_ns: float
-    tail_ns: float
     start_ns: float
 
 
@@ -140,14 +138,13 @@ def _rank_step(tables: TraceTables, rank: int, steps: list[int]) -> _RankStep:
     signatures = [_signature(n) for _, n, _ in per_step]
     common = max(set(signatures), key=lambda sig: (signatures.count(sig), len(sig)))  # ties: the fuller step
     chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
-    template_step, template, inner = chosen[0]
+    _, template, inner = chosen[0]
     for column in ("dur_ns", "offset_ns"):
         template[column] = np.median(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
     step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
     step_ns = float(np.mean(step_durations))  # contiguous steps: the window's span over their count
-    ends = template["offset_ns"] + template["dur_ns"]
     edges = _rank_edges(template, inner)
-    return _RankStep(rank, template, edges, step_ns, tail_ns=step_ns - float(ends.max()),
+    return _RankStep(rank, template, edges, step_ns,
                      start_ns=float(np.median([windows.loc[s, "start_ns"] for s, _, _ in chosen])))
 
 
@@ -282,7 +279,6 @@ def build_graph(traces: dict[int, TraceTables], offsets: dict[int, int] | None =
     return DataflowGraph(nodes[keep].rename(columns={"coll_name": "coll"}).reset_index(drop=True),
                          pd.DataFrame(edges, columns=["src", "dst", "lag_ns", "kind"]),
                          step_ns={r: rs.step_ns for r, rs in rank_steps.items()},
-                         tail_ns={r: rs.tail_ns for r, rs in rank_steps.items()},
                          start_ns={r: starts[r] - first for r in rank_steps}, steps=common)
 
 

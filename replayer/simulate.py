@@ -1,10 +1,9 @@
 """Replay a :class:`~dpro.graph.dataflow.DataflowGraph`: predicted start and end of every node.
 
-Each node starts once all its inputs allow (``start(v) = max(end(u) + lag)`` over its edges,
-and no earlier than its rank's step start; a node with no input keeps its measured offset within
-the step), and lasts its duration. Program-order edges make each thread and stream a queue; a collective node
-is shared by its ranks, so it starts when the last rank arrives. The order of evaluation is a
-topological order computed once per graph.
+Each node starts once all its inputs allow (``start(v) = max(end(u) + lag)`` over its edges; a
+node with no input keeps its measured offset), and lasts its duration. Program-order edges make
+each thread and stream a queue; a collective node is shared by its ranks, so it starts when the
+last rank arrives. Nodes are evaluated in a topological order.
 
     >>> result = replay(graph)                              # doctest: +SKIP
     >>> result.step_ns                                      # predicted step time per rank
@@ -76,7 +75,7 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     has_input = np.bincount(all_dst, minlength=total) > 0
     earliest = np.where(has_input, -np.inf, np.tile(offset, copies))
     start, end, cause = _simulate(earliest, np.tile(dur, copies), all_src, all_dst, all_lag)
-    first = {r: int(np.flatnonzero(ranks == r)[np.argmin(offset[ranks == r])]) for r in sorted(graph.tail_ns)}
+    first = {r: int(np.flatnonzero(ranks == r)[np.argmin(offset[ranks == r])]) for r in sorted(graph.step_ns)}
     step_ns = {r: float(start[(copies - 1) * n + v] - start[(copies - 2) * n + v]) if copies > 1
                else graph.step_ns[r] for r, v in first.items()}
     last = slice((copies - 1) * n, copies * n)

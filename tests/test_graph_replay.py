@@ -115,6 +115,6 @@ def test_a_cycle_is_refused() -> None:
     nodes = pd.DataFrame({"rank": [0, 0], "kind": ["cpu", "cpu"], "resource": ["r0/cpu/1"] * 2,
                           "name": ["a", "b"], "dur_ns": [1.0, 1.0], "offset_ns": [0.0, 2.0], "coll": [None, None]})
     edges = pd.DataFrame({"src": [0, 1], "dst": [1, 0], "lag_ns": [0, 0], "kind": ["order", "order"]})
-    graph = DataflowGraph(nodes, edges, step_ns={0: 3.0}, tail_ns={0: 0.0}, start_ns={0: 0.0})
+    graph = DataflowGraph(nodes, edges, step_ns={0: 3.0}, start_ns={0: 0.0})
     with pytest.raises(ReplayError, match="cycle"):
         replay(graph)
