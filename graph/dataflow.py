@@ -35,7 +35,6 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy")
-WAIT_GAP_NS = 20_000  # an idle gap this long on a CPU thread may be a wait
 
 
 class GraphError(DproError):
@@ -140,7 +139,7 @@ def _rank_step(tables: TraceTables, rank: int, steps: list[int]) -> _RankStep:
     chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
     _, template, inner = chosen[0]
     for column in ("dur_ns", "offset_ns"):
-        template[column] = np.median(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
+        template[column] = np.mean(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
     step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
     step_ns = float(np.mean(step_durations))  # contiguous steps: the window's span over their count
     edges = _rank_edges(template, inner)
@@ -201,32 +200,51 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
         for thread in cpu_threads:
-            waiter, idled = _waiter(thread, end[i], start, end)
+            waiter = _waiter(thread, end[i], start)
             if waiter is not None and waiter != i:
                 edges.append((i, waiter, int(start[waiter] - end[i]), "wait"))
-                if idled:  # the thread's long idle gap was the wait: its own gap is the usual one
-                    prev = order[waiter]
-                    prev[2] = min(prev[2], int(np.median([order[j][2] for j in thread.index[1:]])))
+    _trim_idle_gaps(order, edges, start, end)
     return edges + [tuple(e) for e in order.values()]
 
 
-def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> tuple[int | None, bool]:
-    """The first op of ``thread`` that starts once a collective is ``done`` (it may use the
-    result), and whether the thread sat idle in a long gap until then (it waited for it)."""
+def _trim_idle_gaps(order: dict[int, list], edges: list[tuple[int, int, int, str]],
+                    start: np.ndarray, end: np.ndarray) -> None:
+    """Keep in an order edge's lag only the gap its queue really needs.
+
+    Where an op's other input (a launch, a wait, an enqueue) became ready only after the
+    previous op on its thread or stream had ended, the queue sat idle waiting for that input:
+    the measured gap was waiting, and the order edge keeps only the latency from the input's
+    arrival to the op's start. Otherwise the queue was busy and the gap is its own. An input
+    that arrived while the queue was busy did not hold the op back, so its lag is cut to 0
+    (the measured one would be slack, and would bind once times shift in a what-if).
+    """
+    ready = np.full(len(start), -np.inf)
+    for e, (src, dst, lag, kind) in enumerate(edges):
+        prev = order.get(dst)
+        if prev is not None and end[src] + lag <= end[prev[0]] and lag > 0:
+            edges[e] = (src, dst, 0, kind)
+            lag = 0
+        ready[dst] = max(ready[dst], end[src] + lag)
+    for v, edge in order.items():
+        if ready[v] > end[edge[0]]:
+            edge[2] = int(min(edge[2], max(0.0, start[v] - ready[v])))
+
+
+def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray) -> int | None:
+    """The first op of ``thread`` that starts once a collective is ``done`` (it may use the result)."""
     ids = thread.index.to_numpy()
     j = int(np.searchsorted(start[ids], done, "left"))
-    if j >= len(ids):
-        return None, False
-    after = int(ids[j])
-    idled = j > 0 and end[ids[j - 1]] <= done and start[after] - end[ids[j - 1]] >= WAIT_GAP_NS
-    return after, idled
+    return int(ids[j]) if j < len(ids) else None
 
 
 def _collectives(nodes: pd.DataFrame) -> pd.DataFrame:
     """The rank's collective nodes, numbered by order of issue per collective name."""
     coll = nodes[nodes["coll_name"].notna() & (nodes["kind"] == "cpu")]
     coll = coll[~coll["name"].astype(str).str.startswith("c10d::")]
-    return coll.assign(occurrence=coll.groupby("coll_name", observed=True).cumcount())
+    # Several communication threads (gloo has two) take work in the order it was issued, so
+    # the order of start times across threads is the order of issue.
+    coll = coll.sort_values("offset_ns", kind="stable")
+    return coll.assign(occurrence=coll.groupby("coll_name", observed=True).cumcount()).sort_index()
 
 
 def _enqueue_ops(inner: pd.DataFrame) -> pd.DataFrame:
