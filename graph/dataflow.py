@@ -1,19 +1,23 @@
 """The global dataflow graph of one typical training step, across all ranks.
 
 Nodes are the top-level operators of each CPU thread, the kernels, copies and memsets of each
-GPU stream, and one node per collective shared by every rank that takes part in it. Every edge
-``u -> v`` carries a lag and means ``start(v) >= end(u) + lag``:
+GPU stream, and the sends of the collectives. Every edge ``u -> v`` carries a lag and means
+``start(v) >= end(u) + lag``:
 
-- program order on a thread or stream (lag: the idle gap measured between the two);
+- program order on a thread or stream (lag: the gap measured between the two, less any time
+  the queue sat idle waiting for another input);
 - CPU -> GPU launch (by correlation id; negative lag: the launch ends inside its top-level op);
 - GPU -> CPU synchronisation and waits for a collective (the CPU sat idle until it finished);
-- collective enqueue (the op that issued it) and per-rank order on the communication thread.
+- collective enqueue (the op that issued it) and per-rank order on the communication thread;
+- collectives matched across ranks by order of issue and decomposed into the sends of their
+  algorithm (:mod:`dpro.graph.decompose`): arrivals, sends on links, each rank's end.
 
-Durations and gaps are medians over the profiled steps whose op sequence is the same, so the
-graph describes a typical step. Ranks are aligned with the clock offsets recorded by
-``dpro record`` (``align=False`` ignores them, to measure what alignment buys).
+Durations and gaps are means over the profiled steps whose op sequence is the same (their sum
+is the mean step), so the graph describes a typical step. Ranks are aligned with the clock offsets recorded by
+``dpro record``, refined with the collectives (``align=False`` ignores both, to measure what
+alignment buys).
 
-    >>> g = build_graph(open_run("run1"))           # doctest: +SKIP
+    >>> g = graph_of_run(open_run("run1"))          # doctest: +SKIP
     >>> g.to_networkx().number_of_nodes()           # doctest: +SKIP
 """
 
@@ -29,9 +33,12 @@ import pandas as pd
 from dpro.errors import DproError
 from dpro.run_format import Run
 
+from .collectives import kernel_algorithm, nccl_log_algorithms
+from .decompose import Matched, decompose
 from .kineto import TraceTables, load_trace
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+SYMMETRIC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
 CPU_CATEGORIES = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
 SYNC_NAMES = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "hipDeviceSynchronize", "hipStreamSynchronize", "hipEventSynchronize", "hipMemcpy")
@@ -45,12 +52,16 @@ class GraphError(DproError):
 class DataflowGraph:
     """Nodes and lag edges of one typical step; see the module docstring.
 
-    ``nodes``: ``rank`` (-1 for a collective), ``kind`` (``cpu``, ``gpu``, ``collective``),
-    ``resource`` (``"r0/cpu/1234"``, ``"r0/gpu/7"``, ``"coll"``), ``name``, ``dur_ns``,
-    ``offset_ns`` (typical start relative to the earliest rank's step start), ``coll`` (collective
-    name). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``. ``step_ns``: measured mean step time
-    per rank over the steps used; ``start_ns``: when each rank's step starts, relative to the
-    earliest.
+    ``nodes``: ``rank`` (a send's is its sender's), ``kind`` (``cpu``, ``gpu``, ``transfer``, or
+    ``collective`` for a rank's end of a matched collective), ``resource`` (``"r0/cpu/1234"``,
+    ``"r0/gpu/7"``, ``"link/0->1"``), ``name``, ``dur_ns``, ``offset_ns`` (typical start relative
+    to the earliest rank's step start), ``coll`` (collective name), ``bytes`` (of a send or a
+    collective, NaN if unknown). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind`` (``order``,
+    ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``). ``step_ns``:
+    measured mean step time per rank; ``start_ns``: when each rank's step starts, relative to
+    the earliest; ``collectives``: the matched collectives
+    (:func:`dpro.graph.decompose.decompose`); ``clock_offsets_ns``: the offsets applied;
+    ``hosts``: rank -> host.
     """
 
     nodes: pd.DataFrame
@@ -58,6 +69,9 @@ class DataflowGraph:
     step_ns: dict[int, float]
     start_ns: dict[int, float] = field(default_factory=dict)
     steps: list[int] = field(default_factory=list)
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    clock_offsets_ns: dict[int, int] = field(default_factory=dict)
+    hosts: dict[int, str] = field(default_factory=dict)
 
     def to_networkx(self) -> Any:
         """The graph as a ``networkx.DiGraph`` (node and edge attributes from the tables)."""
@@ -78,7 +92,7 @@ class _RankStep:
     nodes: pd.DataFrame  # name, kind, resource, dur_ns, offset_ns, coll, gap_ns
     edges: list[tuple[int, int, int, str]]
     step_ns: float
-    start_ns: float
+    start_ns: int
 
 
 def _top_level(events: pd.DataFrame) -> np.ndarray:
@@ -143,8 +157,10 @@ def _rank_step(tables: TraceTables, rank: int, steps: list[int]) -> _RankStep:
     step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
     step_ns = float(np.mean(step_durations))  # contiguous steps: the window's span over their count
     edges = _rank_edges(template, inner)
-    return _RankStep(rank, template, edges, step_ns,
-                     start_ns=float(np.median([windows.loc[s, "start_ns"] for s, _, _ in chosen])))
+    # Where the typical step starts: the mean over every step used by any rank, so that the
+    # ranks' starts compare even when each rank's typical steps are a different subset.
+    starts = windows.loc[steps, "start_ns"].to_numpy(np.int64)
+    return _RankStep(rank, template, edges, step_ns, start_ns=int(starts[0] + np.mean(starts - starts[0])))
 
 
 def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int, int, str]]:
@@ -191,6 +207,10 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int
     instances = _collectives(nodes)
     issued = _enqueue_ops(inner).set_index(["coll_name", "occurrence"])
     comm_threads = set(instances["resource"])  # their order already sequences the collectives
+    names = nodes["name"].astype(str)
+    optimizer_steps = nodes.index[(nodes["kind"] == "cpu") & names.str.startswith("Optimizer.step#")
+                                  & ~nodes["resource"].isin(comm_threads)].to_numpy()
+    optimizer_steps = optimizer_steps[np.argsort(start[optimizer_steps])]
     cpu_threads = [g for resource, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)
                    if resource not in comm_threads]
     for i, name, k in zip(instances.index, instances["coll_name"], instances["occurrence"]):
@@ -200,9 +220,14 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
         for thread in cpu_threads:
-            waiter = _waiter(thread, end[i], start)
+            waiter = _waiter(thread, end[i], start, end)
             if waiter is not None and waiter != i:
                 edges.append((i, waiter, int(start[waiter] - end[i]), "wait"))
+        # The optimizer updates with the reduced gradients: DDP waits for every bucket before
+        # it, often inside another op, where no idle time shows the wait.
+        gradients = str(name).lstrip("_").startswith(("all_reduce", "reduce_scatter"))
+        for step_op in optimizer_steps[start[optimizer_steps] > start[i]][:1] if gradients else []:
+            edges.append((i, int(step_op), max(0, int(start[step_op] - end[i])), "wait"))
     _trim_idle_gaps(order, edges, start, end)
     return edges + [tuple(e) for e in order.values()]
 
@@ -230,11 +255,15 @@ def _trim_idle_gaps(order: dict[int, list], edges: list[tuple[int, int, int, str
             edge[2] = int(min(edge[2], max(0.0, start[v] - ready[v])))
 
 
-def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray) -> int | None:
-    """The first op of ``thread`` that starts once a collective is ``done`` (it may use the result)."""
+def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> int | None:
+    """The op of ``thread`` that waited for a collective ``done`` at that time: the first to
+    start after it, if the thread was idle when it finished. (A thread still busy then shows no
+    sign of needing the result; a wait nested inside a top-level op is part of its duration.)"""
     ids = thread.index.to_numpy()
     j = int(np.searchsorted(start[ids], done, "left"))
-    return int(ids[j]) if j < len(ids) else None
+    if j >= len(ids) or (j > 0 and end[ids[j - 1]] > done):
+        return None
+    return int(ids[j])
 
 
 def _collectives(nodes: pd.DataFrame) -> pd.DataFrame:
@@ -272,56 +301,122 @@ def clock_offsets(run: Run) -> dict[int, int]:
     return out
 
 
+def graph_of_run(run: Run, align: bool = True) -> DataflowGraph:
+    """The dataflow graph of a recorded run, with everything the run recorded to size and name
+    its collectives (DDP buckets, NCCL's tuning log) and its ranks' hosts."""
+    logs = sorted((run.root / "nccl").glob("*.log")) if (run.root / "nccl").is_dir() else []
+    return build_graph(load_run_traces(run), clock_offsets(run), align=align, bucket_bytes=ddp_bucket_bytes(run),
+                       algorithms=nccl_log_algorithms(logs) if logs else None,
+                       hosts={r: str(run.rank_meta(r).get("host", "")) for r in run.ranks})
+
+
+def ddp_bucket_bytes(run: Run) -> list[int]:
+    """Bytes of each DDP gradient bucket, in the order they are all-reduced (from rank 0's
+    metadata; empty when the job used no DDP or it was not recorded)."""
+    ddp = (run.rank_meta(min(run.ranks)).get("ddp") or []) if run.ranks else []
+    return [int(b["bytes"]) for b in ddp[0]["buckets"]] if ddp else []
+
+
 def build_graph(traces: dict[int, TraceTables], offsets: dict[int, int] | None = None,
-                align: bool = True) -> DataflowGraph:
-    """The global dataflow graph of the profiled steps common to every rank."""
+                align: bool = True, bucket_bytes: list[int] | None = None,
+                algorithms: dict[tuple[str, int], str] | None = None,
+                hosts: dict[int, str] | None = None) -> DataflowGraph:
+    """The global dataflow graph of the profiled steps common to every rank.
+
+    ``offsets``: each rank's clock offset against the first (from :func:`clock_offsets`);
+    with ``align`` they are applied and refined with the collectives (all ranks leave a
+    collective together), without it ranks are taken as they were recorded.
+    ``bucket_bytes`` (:func:`ddp_bucket_bytes`) sizes the DDP all-reduces where the trace
+    does not; ``algorithms`` (:func:`~dpro.graph.collectives.nccl_log_algorithms`) names the
+    algorithm NCCL chose per collective and size, else the backend's default is assumed.
+    ``hosts`` (rank -> host name) tells links within a host from links between hosts.
+    """
     common = sorted(set.intersection(*(set(t.steps["step"]) for t in traces.values())))
     if not common:
         raise GraphError("the traces share no profiled step (ProfilerStep#N)")
     rank_steps = {r: _rank_step(t, r, common) for r, t in sorted(traces.items())}
-    frames, edges, base = [], [], 0
-    starts = {r: rs.start_ns - (offsets or {}).get(r, 0) * align for r, rs in rank_steps.items()}
+    clocks = {r: (offsets or {}).get(r, 0) if align else 0 for r in rank_steps}
+    if align:
+        clocks = refine_offsets(traces, common, clocks)
+    starts = {r: rs.start_ns - clocks[r] for r, rs in rank_steps.items()}
     first = min(starts.values())
-    colls: dict[tuple[str, int], list[int]] = {}
+    frames, edges, base = [], [], 0
+    colls: dict[tuple[str, int], dict[int, int]] = {}
     for r, rs in rank_steps.items():
         n = rs.nodes.assign(rank=r, resource=f"r{r}/" + rs.nodes["resource"])
         n["offset_ns"] = n["offset_ns"] + (starts[r] - first)
         frames.append(n)
         edges += [(a + base, b + base, lag, kind) for a, b, lag, kind in rs.edges]
         for row in _collectives(rs.nodes).itertuples():
-            colls.setdefault((row.coll_name, row.occurrence), []).append(row.Index + base)
+            colls.setdefault((row.coll_name, row.occurrence), {})[r] = row.Index + base
         base += len(n)
     nodes = pd.concat(frames, ignore_index=True)
-    nodes = _merge_collectives(nodes, edges, colls, len(traces))
-    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name"]
-    return DataflowGraph(nodes[keep].rename(columns={"coll_name": "coll"}).reset_index(drop=True),
+    matched = [Matched(name, k, ids, *_size_and_algorithm(nodes, name, k, ids, bucket_bytes, algorithms))
+               for (name, k), ids in colls.items() if len(ids) == len(traces)]  # others stay per-rank ops
+    nodes, table = decompose(nodes, edges, matched)
+    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "bytes"]
+    return DataflowGraph(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"}).reset_index(drop=True),
                          pd.DataFrame(edges, columns=["src", "dst", "lag_ns", "kind"]),
                          step_ns={r: rs.step_ns for r, rs in rank_steps.items()},
-                         start_ns={r: starts[r] - first for r in rank_steps}, steps=common)
+                         start_ns={r: starts[r] - first for r in rank_steps}, steps=common,
+                         collectives=table, clock_offsets_ns=clocks,
+                         hosts=dict(hosts) if hosts else {r: "" for r in rank_steps})
 
 
-def _merge_collectives(nodes: pd.DataFrame, edges: list, colls: dict, world: int) -> pd.DataFrame:
-    """Turn each collective seen on every rank into one shared node.
+def refine_offsets(traces: dict[int, TraceTables], steps: list[int], offsets: dict[int, int]) -> dict[int, int]:
+    """Offsets corrected so that no rank leaves a collective before every rank has joined it.
 
-    Each rank's instance becomes an arrival (duration 0) feeding the shared node, whose duration
-    is the transfer time: the shortest instance (the last rank to arrive waits the least).
-    Whatever followed an instance on its rank now follows the shared node.
+    A rank cannot finish an all-reduce, all-gather, reduce-scatter or all-to-all before the
+    last rank has arrived, so each collective of ``steps`` bounds each rank's offset against
+    the first rank's: ``end_r - start_first`` from above, ``start_r - end_first`` from below.
+    A recorded offset inside every bound is kept (the bounds are only as tight as the
+    collectives are short); one outside is moved to the nearest bound. Rooted collectives
+    (a broadcast's root may finish first) and point-to-point transfers are not used.
     """
-    nodes = nodes.copy()
-    shared_of: dict[int, int] = {}
-    rows = []
-    for (name, k), ids in colls.items():
-        if len(ids) < world:
-            continue  # not matched on every rank: left as ordinary per-rank ops
-        shared = len(nodes) + len(rows)
-        rows.append({"rank": -1, "kind": "collective", "resource": "coll", "name": f"{name}#{k}",
-                     "dur_ns": float(nodes.loc[ids, "dur_ns"].min()),
-                     "offset_ns": float(nodes.loc[ids, "offset_ns"].max()), "coll_name": name})
-        for i in ids:
-            shared_of[i] = shared
-    for e, (src, dst, lag, kind) in enumerate(edges):
-        if src in shared_of:
-            edges[e] = (shared_of[src], dst, lag, kind)
-    edges += [(i, shared, 0, "arrive") for i, shared in shared_of.items()]
-    nodes.loc[list(shared_of), "dur_ns"] = 0.0
-    return pd.concat([nodes, pd.DataFrame(rows)], ignore_index=True)
+    spans = {r: _symmetric_collective_spans(t, steps) for r, t in traces.items()}
+    ref = min(spans)
+    out = dict(offsets)
+    for r, span in spans.items():
+        both = span.join(spans[ref].add_suffix("_ref"), how="inner")
+        if r == ref or both.empty:
+            continue
+        # start(x) - offset(x) <= end(y) - offset(y) for x, y in {r, ref}
+        high = offsets[ref] + (both["end_ns"] - both["start_ns_ref"]).min()
+        low = offsets[ref] - (both["end_ns_ref"] - both["start_ns"]).min()
+        out[r] = int(min(max(offsets[r], low), high)) if low <= high else offsets[r]
+    return out
+
+
+def _symmetric_collective_spans(tables: TraceTables, steps: list[int]) -> pd.DataFrame:
+    """Start and end (the rank's own clock) of its symmetric collectives in ``steps``, indexed
+    by (step, collective, order of issue within the step)."""
+    ev = tables.events
+    ev = ev[ev["step"].isin(steps) & ev["coll_name"].notna() & (ev["stream"] < 0) & ev["cat"].isin(CPU_CATEGORIES)]
+    ev = ev[~ev["name"].astype(str).str.startswith("c10d::")
+            & ev["coll_name"].astype(str).str.lstrip("_").str.startswith(SYMMETRIC_COLLECTIVES)]
+    ev = ev.sort_values("start_ns", kind="stable")
+    index = pd.MultiIndex.from_arrays([ev["step"], ev["coll_name"].astype(str),
+                                       ev.groupby(["step", "coll_name"], observed=True).cumcount()])
+    return pd.DataFrame({"start_ns": ev["start_ns"].to_numpy(), "end_ns": (ev["start_ns"] + ev["dur_ns"]).to_numpy()},
+                        index=index)
+
+
+def _size_and_algorithm(nodes: pd.DataFrame, coll: str, k: int, ids: dict[int, int], bucket_bytes: list[int] | None,
+                        algorithms: dict[tuple[str, int], str] | None) -> tuple[float, str | None]:
+    """A matched collective's bytes (from the trace, else the DDP bucket it reduces) and the
+    algorithm NCCL chose for it (its kernel's name, else its log), None when not known."""
+    first = nodes.loc[next(iter(ids.values()))]
+    size = float("nan")
+    if first.get("in_nelems", -1) > 0 and isinstance(first.get("dtype"), str):
+        size = float(first["in_nelems"] * _DTYPE_BYTES.get(first["dtype"].lower(), 4))
+    elif coll == "all_reduce" and bucket_bytes and k < len(bucket_bytes):
+        size = float(bucket_bytes[k])
+    algorithm = kernel_algorithm(str(first["name"]))
+    if algorithm is None and algorithms and size == size:
+        algorithm = algorithms.get((coll, int(size)))
+    return size, algorithm
+
+
+_DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+                "c10::half": 2, "c10::bfloat16": 2, "int": 4, "int32": 4, "long int": 8, "int64": 8,
+                "char": 1, "int8": 1, "unsigned char": 1, "uint8": 1, "bool": 1}

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dpro.graph.dataflow import DataflowGraph, build_graph, clock_offsets, load_run_traces
+from dpro.graph.dataflow import DataflowGraph, graph_of_run
 from dpro.run_format import Run
 
 from .simulate import Replay, replay
@@ -16,7 +16,7 @@ from .simulate import Replay, replay
 
 def replay_run(run: Run, align: bool = True) -> tuple[DataflowGraph, Replay]:
     """Build the graph of a recorded run and replay it."""
-    graph = build_graph(load_run_traces(run), clock_offsets(run), align=align)
+    graph = graph_of_run(run, align=align)
     return graph, replay(graph)
 
 

@@ -67,7 +67,7 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     lag = edges["lag_ns"].to_numpy(np.float64)
     offset = nodes["offset_ns"].to_numpy(np.float64)
     ranks = nodes["rank"].to_numpy()
-    wrap_src, wrap_dst, wrap_lag = _wraps(graph, offset, dur)
+    wrap_src, wrap_dst, wrap_lag = _wraps(graph, offset, nodes["dur_ns"].to_numpy(np.float64))  # as recorded
     all_src = np.concatenate([src + k * n for k in range(copies)] + [wrap_src + k * n for k in range(copies - 1)])
     all_dst = np.concatenate([dst + k * n for k in range(copies)] + [wrap_dst + (k + 1) * n for k in range(copies - 1)])
     all_lag = np.concatenate([lag] * copies + [wrap_lag] * (copies - 1))
@@ -90,17 +90,26 @@ def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[n
     """Edges from the last op of each thread or stream to its first op in the next step.
 
     The lag is the measured gap across the step boundary (one step later, the first op starts
-    again), and never negative: a queue does not run two ops at once.
+    again), never negative (a queue does not run two ops at once), and, as for program order
+    within the step, without the time the queue sat idle waiting for the first op's other
+    inputs (a communication thread waits for the next step's first collective to be issued).
     """
     src, dst, lag = [], [], []
-    nodes = graph.nodes
-    for _, group in nodes[nodes["rank"] >= 0].groupby("resource", sort=False):
+    nodes, edges = graph.nodes, graph.edges
+    e_src, e_dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
+    inputs_ready = offset[e_src] + dur[e_src] + edges["lag_ns"].to_numpy(np.float64)
+    queues = nodes[(nodes["rank"] >= 0) & nodes["kind"].isin(("cpu", "gpu"))]  # not links, not collectives' ends
+    for _, group in queues.groupby("resource", sort=False):
         ids = group.index.to_numpy()
         head, tail = ids[np.argmin(offset[ids])], ids[np.argmax(offset[ids] + dur[ids])]
         period = graph.step_ns[int(nodes.at[head, "rank"])]
+        gap = max(0.0, offset[head] + period - (offset[tail] + dur[tail]))
+        ready = inputs_ready[e_dst == head]
+        if ready.size and ready.max() + period > offset[tail] + dur[tail]:
+            gap = min(gap, max(0.0, offset[head] - ready.max()))
         src.append(tail)
         dst.append(head)
-        lag.append(max(0.0, offset[head] + period - (offset[tail] + dur[tail])))
+        lag.append(gap)
     return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(lag, np.float64)
 
 

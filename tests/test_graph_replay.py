@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpro.graph.dataflow import DataflowGraph, build_graph, clock_offsets, load_run_traces
+from dpro.graph.dataflow import (DataflowGraph, build_graph, clock_offsets, ddp_bucket_bytes, load_run_traces,
+                                 refine_offsets)
 from dpro.graph.kineto import load_trace
 from dpro.replayer.simulate import ReplayError, replay
 from dpro.run_format import open_run
@@ -21,23 +22,55 @@ from .conftest import assert_one_line_error, dpro
 @pytest.fixture(scope="module")
 def run_graph(recorded_run: Path) -> DataflowGraph:
     run = open_run(recorded_run)
-    return build_graph(load_run_traces(run), clock_offsets(run))
+    return build_graph(load_run_traces(run), clock_offsets(run), bucket_bytes=ddp_bucket_bytes(run))
 
 
-def test_collectives_are_matched_across_ranks(run_graph: DataflowGraph) -> None:
-    nodes, edges = run_graph.nodes, run_graph.edges
-    shared = nodes[nodes["kind"] == "collective"]
-    assert set(shared["coll"]) >= {"all_reduce"}, "DDP's gradient all-reduce is one shared node"
-    for v in shared.index:
-        arrivals = edges[(edges["dst"] == v) & (edges["kind"] == "arrive")]
-        assert sorted(nodes.loc[arrivals["src"], "rank"]) == [0, 1]
-        assert nodes.at[v, "dur_ns"] > 0
+def test_collectives_are_matched_and_decomposed_into_ring_transfers(run_graph: DataflowGraph) -> None:
+    nodes, edges, table = run_graph.nodes, run_graph.edges, run_graph.collectives
+    assert set(table["coll"]) >= {"all_reduce"}, "DDP's gradient all-reduces are matched across ranks"
+    for row in table.itertuples():
+        assert row.ranks == [0, 1]
+        sends = nodes.loc[row.sends]
+        if row.coll == "all_reduce":  # ring over 2 ranks: 2 steps, each rank sends to the other
+            assert sorted(sends["resource"]) == ["link/0->1", "link/0->1", "link/1->0", "link/1->0"]
+            assert sends["dur_ns"].sum() == pytest.approx(2 * row.transfer_ns)
+            assert row.bytes > 0, "sized from the DDP bucket layout"
+        for v in row.sends:  # both ends must have joined before a send
+            joined = edges[(edges["dst"] == v) & (edges["kind"] == "arrive")]
+            assert sorted(nodes.loc[joined["src"], "rank"]) == [0, 1]
+        for rank, done in zip(row.ranks, row.done):
+            assert nodes.at[done, "rank"] == rank and nodes.at[done, "kind"] == "collective"
+            assert set(edges[edges["dst"] == done]["kind"]) == {"arrive", "transfer"}
     enqueue = edges[edges["kind"] == "enqueue"]
-    assert len(enqueue) >= 2 * len(shared)
+    assert len(enqueue) >= 2 * len(table)
     for src, dst in zip(enqueue["src"], enqueue["dst"]):  # issued from another thread of the same rank
         assert nodes.at[src, "rank"] == nodes.at[dst, "rank"] and nodes.at[src, "resource"] != nodes.at[dst, "resource"]
     waits = edges[edges["kind"] == "wait"]
-    assert set(nodes.loc[waits["src"], "kind"]) == {"collective"}, "the main thread waits for the all-reduce"
+    assert set(nodes.loc[waits["src"], "kind"]) == {"collective"}, "the main thread waits for a rank's collective end"
+    assert (waits["lag_ns"] >= 0).all()
+
+
+def test_collective_instances_are_numbered_by_issue_across_communication_threads(run_graph: DataflowGraph) -> None:
+    # gloo runs collectives on two threads; numbering them thread by thread once crossed the
+    # ranks' collectives. The k-th all-reduce must be the k-th to start on every rank.
+    nodes, edges = run_graph.nodes, run_graph.edges
+    arrivals = edges[(edges["kind"] == "arrive") & (nodes.loc[edges["dst"], "kind"].to_numpy() == "collective")]
+    for rank in (0, 1):
+        mine = arrivals[nodes.loc[arrivals["src"], "rank"].to_numpy() == rank]
+        names = nodes.loc[mine["dst"], "name"].to_numpy()
+        ar = [(nodes.at[s, "offset_ns"], int(n.split("#")[1])) for s, n in zip(mine["src"], names)
+              if n.startswith("all_reduce#")]
+        assert [k for _, k in sorted(ar)] == sorted(k for _, k in ar)
+
+
+def test_clock_offsets_are_kept_when_consistent_and_clamped_when_not(recorded_run: Path) -> None:
+    run = open_run(recorded_run)
+    traces = load_run_traces(run)
+    steps = sorted(set(traces[0].steps["step"]))
+    recorded = clock_offsets(run)
+    assert refine_offsets(traces, steps, recorded) == recorded, "one machine: the measured offsets are consistent"
+    wrong = refine_offsets(traces, steps, {0: 0, 1: 10**9})  # a second off: no collective could overlap
+    assert 0 < wrong[1] < 10**9 and abs(wrong[1] - recorded[1]) < 50_000_000
 
 
 def test_program_order_stays_on_one_thread(run_graph: DataflowGraph) -> None:
@@ -55,7 +88,7 @@ def test_replay_predicts_the_recorded_step_time(run_graph: DataflowGraph) -> Non
     result = replay(run_graph)
     predicted, measured = np.mean(list(result.step_ns.values())), np.mean(list(run_graph.step_ns.values()))
     assert abs(predicted / measured - 1) < 0.25
-    slower = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["kind"] == "collective", 10, 1)
+    slower = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["kind"] == "transfer", 10, 1)
     assert min(replay(run_graph, durations=slower).step_ns.values()) > max(result.step_ns.values()), \
         "ten times slower collectives make a slower step"
 

@@ -1,0 +1,73 @@
+"""The alpha-beta cost of a send, fitted per collective and link class from a recorded run.
+
+A send of ``b`` bytes over a link takes ``alpha + b / beta``: ``alpha`` the per-message latency
+(ns), ``beta`` the bandwidth (bytes/ns = GB/s). Each matched collective of the graph gives one
+point per algorithm step (the bytes each member sends in that step, the step's measured time);
+points are pooled per collective and link class (``intra`` within a host, ``inter`` across
+hosts: a ring that crosses hosts is paced by its slowest link) and fitted by least squares.
+With a single message size the latency cannot be told from the bandwidth, so ``alpha`` is 0.
+
+    >>> model = fit_link_model(graph)                                    # doctest: +SKIP
+    >>> model[("all_reduce", "inter")].time_ns(25 * 2**20)              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dpro.graph.dataflow import DataflowGraph
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """``alpha_ns + bytes / beta_bytes_per_ns``, fitted on ``points`` sends."""
+
+    alpha_ns: float
+    beta_bytes_per_ns: float
+    points: int
+
+    def time_ns(self, nbytes: float | np.ndarray, bandwidth_factor: float | np.ndarray = 1.0) -> float | np.ndarray:
+        """The time of a send of ``nbytes`` on a link ``bandwidth_factor`` times as fast."""
+        return self.alpha_ns + nbytes / (self.beta_bytes_per_ns * bandwidth_factor)
+
+
+def link_class(graph: DataflowGraph, ranks: list[int]) -> str:
+    """``intra`` when all ``ranks`` share a host, else ``inter``."""
+    return "intra" if len({graph.hosts.get(r, "") for r in ranks}) == 1 else "inter"
+
+
+def send_points(graph: DataflowGraph) -> pd.DataFrame:
+    """One row per send of a sized collective: ``node``, ``coll``, ``link_class``, ``bytes``,
+    ``dur_ns`` (its share of the measured transfer time)."""
+    rows = []
+    nodes = graph.nodes
+    for c in graph.collectives.itertuples():
+        if not c.bytes == c.bytes or not c.sends:  # unknown size (NaN) or nothing to send
+            continue
+        cls = link_class(graph, c.ranks)
+        for v in c.sends:
+            rows.append((v, c.coll, cls, float(nodes.at[v, "bytes"]), float(nodes.at[v, "dur_ns"])))
+    return pd.DataFrame(rows, columns=["node", "coll", "link_class", "bytes", "dur_ns"])
+
+
+def fit_link_model(graph: DataflowGraph) -> dict[tuple[str, str], AlphaBeta]:
+    """Alpha-beta per (collective, link class) from the graph's sized collectives."""
+    model = {}
+    for (coll, cls), pts in send_points(graph).groupby(["coll", "link_class"]):
+        model[(coll, cls)] = fit_alpha_beta(pts["bytes"].to_numpy(), pts["dur_ns"].to_numpy())
+    return model
+
+
+def fit_alpha_beta(nbytes: np.ndarray, dur_ns: np.ndarray) -> AlphaBeta:
+    """Least squares ``dur = alpha + bytes / beta`` with ``alpha >= 0`` and ``beta > 0``."""
+    nbytes, dur_ns = np.asarray(nbytes, np.float64), np.asarray(dur_ns, np.float64)
+    if len(np.unique(nbytes)) >= 2:
+        slope, alpha = np.polyfit(nbytes, dur_ns, 1)
+        if slope > 0 and alpha >= 0:
+            return AlphaBeta(float(alpha), float(1 / slope), len(nbytes))
+    # one size, or a fit that needs a negative latency: bandwidth only, through the origin
+    slope = float(np.sum(nbytes * dur_ns) / np.sum(nbytes * nbytes))
+    return AlphaBeta(0.0, 1 / slope if slope > 0 else np.inf, len(nbytes))

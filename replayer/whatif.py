@@ -1,0 +1,152 @@
+"""What-if questions on a recorded job: change durations, tensor sizes, link bandwidths or the
+bucket layout, and replay.
+
+Every change starts from the recorded graph; sends are re-timed with the alpha-beta model
+fitted on the run (:mod:`dpro.replayer.cost`), each keeping the ratio of its measured time to
+the model's, so that an unchanged send keeps its measured time exactly.
+
+    >>> w = WhatIf(graph_of_run(open_run("run1")))                              # doctest: +SKIP
+    >>> w.scale(0.5, name=r"aten::mm|aten::addmm").set_link_bandwidth(2.0)      # doctest: +SKIP
+    >>> w.replay().step_ns                                                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from dpro.errors import DproError
+from dpro.graph.dataflow import DataflowGraph
+
+from .cost import fit_link_model, link_class
+from .simulate import Replay, replay
+
+
+class WhatIfError(DproError):
+    """A change that does not apply to this graph (no such collective, bucket...)."""
+
+
+class WhatIf:
+    """A recorded graph and a set of changes to it; each method returns ``self`` to chain."""
+
+    def __init__(self, graph: DataflowGraph) -> None:
+        self.graph = graph
+        self.model = fit_link_model(graph)
+        nodes = graph.nodes
+        self.durations = nodes["dur_ns"].to_numpy(np.float64).copy()
+        self.edges = graph.edges.copy()
+        self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
+        self._bandwidth = np.ones(len(nodes))
+        self._parts = np.ones(len(nodes))
+        self._model_of: dict[int, tuple] = {}
+        for c in graph.collectives.itertuples():
+            key = (c.coll, link_class(graph, c.ranks))
+            if key in self.model:
+                self._model_of.update({v: key for v in c.sends})
+        sends = np.fromiter(self._model_of, np.int64)
+        self._residual = np.ones(len(nodes))
+        if len(sends):
+            self._residual[sends] = self.durations[sends] / np.maximum(self._send_model_ns(sends), 1e-9)
+
+    def select(self, *, name: str | None = None, kind: str | None = None, rank: int | None = None,
+               resource: str | None = None) -> np.ndarray:
+        """Ids of the nodes whose name matches the regular expression ``name`` and whose
+        ``kind``, ``rank`` and ``resource`` are as given (omitted: any)."""
+        nodes = self.graph.nodes
+        mask = np.ones(len(nodes), bool)
+        if name is not None:
+            mask &= nodes["name"].astype(str).str.contains(re.compile(name)).to_numpy()
+        for column, value in (("kind", kind), ("rank", rank), ("resource", resource)):
+            if value is not None:
+                mask &= (nodes[column] == value).to_numpy()
+        return np.flatnonzero(mask)
+
+    def scale(self, factor: float, **where: object) -> "WhatIf":
+        """Durations of the selected ops (:meth:`select`) times ``factor``: one op, or a class
+        of ops (``name=r"aten::mm"``, ``kind="gpu"``, ``rank=3``)."""
+        ids = self.select(**where)  # type: ignore[arg-type]
+        self.durations[ids] *= factor
+        return self
+
+    def set_duration(self, nodes: list[int] | np.ndarray, dur_ns: float | np.ndarray) -> "WhatIf":
+        """Set the duration of the given node ids."""
+        self.durations[np.asarray(nodes, np.int64)] = dur_ns
+        return self
+
+    def set_link_bandwidth(self, factor: float, src: int | None = None, dst: int | None = None,
+                           link_class_: str | None = None) -> "WhatIf":
+        """Links (all, those from ``src`` and/or to ``dst``, or of one class, ``intra`` or
+        ``inter``) ``factor`` times as fast as recorded."""
+        nodes = self.graph.nodes
+        for v in self._model_of:
+            a, b = (int(x) for x in str(nodes.at[v, "resource"]).removeprefix("link/").split("->"))
+            if (src is None or a == src) and (dst is None or b == dst) and \
+                    (link_class_ is None or self._model_of[v][1] == link_class_):
+                self._bandwidth[v] = factor
+        return self._retime_sends()
+
+    def set_collective_bytes(self, coll: str, occurrence: int, nbytes: float, parts: int = 1) -> "WhatIf":
+        """Resize collective ``coll``'s ``occurrence``-th instance of a step to ``nbytes``, sent
+        as ``parts`` pieces (tensor partitioning: each piece pays the latency)."""
+        c = self._collective(coll, occurrence)
+        old = float(c["bytes"])
+        if not old == old or old <= 0:
+            raise WhatIfError(f"{coll}#{occurrence} has no recorded size to scale")
+        sends = np.asarray(c["sends"], np.int64)
+        self._bytes[sends] *= nbytes / old
+        self._parts[sends] = parts
+        return self._retime_sends()
+
+    def fuse_buckets(self, groups: list[list[int]]) -> "WhatIf":
+        """Fuse DDP's all-reduces: each group of occurrences (in order of issue) becomes one
+        all-reduce of their summed bytes, issued where the group's last one was; the others
+        vanish, and what waited for them waits for the fused one."""
+        for group in groups:
+            members = [self._collective("all_reduce", k) for k in sorted(group)]
+            keep, gone = members[-1], members[:-1]
+            total = sum(float(m["bytes"]) for m in members)
+            self.set_collective_bytes("all_reduce", int(keep["occurrence"]), total)
+            edges, offset = self.edges, self.graph.nodes["offset_ns"].to_numpy()
+            for m in gone:
+                self.durations[np.asarray(m["sends"], np.int64)] = 0.0
+                for rank_done, kept_done in zip(m["done"], keep["done"]):
+                    # the vanished collective no longer ties ranks together ...
+                    edges = edges[~((edges["dst"] == rank_done) & (edges["kind"] == "transfer"))]
+                    # ... and what used its result, if it ran after the fused one, waits for that
+                    # (an earlier user needed none of the fused data: DDP waits for every bucket
+                    # before the optimizer, and that wait is the fused one's own)
+                    users = edges[(edges["src"] == rank_done) & (edges["kind"] != "order")]
+                    users = users[offset[users["dst"].to_numpy()] >= offset[kept_done]]
+                    edges = pd.concat([edges, users.assign(src=kept_done)], ignore_index=True)
+            self.edges = edges.reset_index(drop=True)
+        return self
+
+    def replay(self, copies: int = 4) -> Replay:
+        """Replay the graph with the changes made so far."""
+        graph = self.graph
+        if self.edges is not graph.edges:
+            graph = DataflowGraph(graph.nodes, self.edges, graph.step_ns, graph.start_ns, graph.steps,
+                                  graph.collectives, graph.clock_offsets_ns, graph.hosts)
+        return replay(graph, durations=self.durations, copies=copies)
+
+    def _collective(self, coll: str, occurrence: int) -> pd.Series:
+        table = self.graph.collectives
+        hit = table[(table["coll"] == coll) & (table["occurrence"] == occurrence)] if len(table) else table
+        if hit.empty:
+            raise WhatIfError(f"no collective {coll}#{occurrence} in this graph")
+        return hit.iloc[0]
+
+    def _send_model_ns(self, sends: np.ndarray) -> np.ndarray:
+        out = np.empty(len(sends))
+        for i, v in enumerate(sends):
+            m = self.model[self._model_of[int(v)]]
+            out[i] = self._parts[v] * m.alpha_ns + self._bytes[v] / (m.beta_bytes_per_ns * self._bandwidth[v])
+        return out
+
+    def _retime_sends(self) -> "WhatIf":
+        sends = np.fromiter(self._model_of, np.int64)
+        if len(sends):
+            self.durations[sends] = self._send_model_ns(sends) * self._residual[sends]
+        return self
