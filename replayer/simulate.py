@@ -3,7 +3,8 @@
 Each node starts once all its inputs allow (``start(v) = max(end(u) + lag)`` over its edges; a
 node with no input keeps its measured offset), and lasts its duration. Program-order edges make
 each thread and stream a queue; a collective node is shared by its ranks, so it starts when the
-last rank arrives. Nodes are evaluated in a topological order.
+last rank arrives. Times are longest paths, computed by the compiled kernels of
+:mod:`dpro.replayer.kernels`.
 
     >>> result = replay(graph)                              # doctest: +SKIP
     >>> result.step_ns                                      # predicted step time per rank
@@ -14,41 +15,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
 
+from .kernels import ReplayError, group_argmin, longest_path, trace_back
 
-class ReplayError(DproError):
-    """The graph cannot be replayed (it has a cycle)."""
+__all__ = ["Replay", "ReplayError", "replay"]
 
 
 @dataclass
 class Replay:
+    """The predicted timeline of the last unrolled step.
+
+    ``start_ns``, ``end_ns``: per node of the graph. ``step_ns``: predicted step time per rank.
+    ``critical_path``: the nodes, first to last, whose edges bound one another's start up to the
+    node that ends last. ``cause_edge``: per node, the row of ``graph.edges`` whose edge bound its
+    start (of equally binding edges, the first row); -1 if nothing did (it started at its offset)
+    or if it was bound by the previous step (a thread or stream going on from one step to the next).
+    """
+
     start_ns: np.ndarray
     end_ns: np.ndarray
     step_ns: dict[int, float]
     critical_path: list[int]
-
-
-def topological_order(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Kahn's algorithm over edge arrays; raises :class:`ReplayError` on a cycle."""
-    indegree = np.bincount(dst, minlength=n)
-    order_of_out = np.argsort(src, kind="stable")
-    out_start = np.searchsorted(src[order_of_out], np.arange(n + 1))
-    ready = list(np.flatnonzero(indegree == 0))
-    order = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for e in order_of_out[out_start[u]:out_start[u + 1]]:
-            v = dst[e]
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                ready.append(v)
-    if len(order) != n:
-        raise ReplayError(f"the graph has a cycle through {n - len(order)} node(s)")
-    return np.asarray(order, dtype=np.int64)
+    cause_edge: np.ndarray
 
 
 def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: int = 4) -> Replay:
@@ -61,62 +52,65 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     of its first op in the last two copies; the timeline returned is the last copy's.
     """
     nodes, edges = graph.nodes, graph.edges
-    n = len(nodes)
-    dur = nodes["dur_ns"].to_numpy(dtype=np.float64) if durations is None else np.asarray(durations, np.float64)
+    dur = nodes["dur_ns"].to_numpy(np.float64) if durations is None else np.asarray(durations, np.float64)
+    offset = nodes["offset_ns"].to_numpy(np.float64)
+    ranks = nodes["rank"].to_numpy(np.int64)
     src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
     lag = edges["lag_ns"].to_numpy(np.float64)
-    offset = nodes["offset_ns"].to_numpy(np.float64)
-    ranks = nodes["rank"].to_numpy()
-    wrap_src, wrap_dst, wrap_lag = _wraps(graph, offset, dur)
-    all_src = np.concatenate([src + k * n for k in range(copies)] + [wrap_src + k * n for k in range(copies - 1)])
-    all_dst = np.concatenate([dst + k * n for k in range(copies)] + [wrap_dst + (k + 1) * n for k in range(copies - 1)])
-    all_lag = np.concatenate([lag] * copies + [wrap_lag] * (copies - 1))
-    total = n * copies
-    has_input = np.bincount(all_dst, minlength=total) > 0
-    earliest = np.where(has_input, -np.inf, np.tile(offset, copies))
-    start, end, cause = _simulate(earliest, np.tile(dur, copies), all_src, all_dst, all_lag)
-    first = {r: int(np.flatnonzero(ranks == r)[np.argmin(offset[ranks == r])]) for r in sorted(graph.step_ns)}
-    step_ns = {r: float(start[(copies - 1) * n + v] - start[(copies - 2) * n + v]) if copies > 1
-               else graph.step_ns[r] for r, v in first.items()}
-    last = slice((copies - 1) * n, copies * n)
-    path, v = [], int(np.argmax(end[last])) + (copies - 1) * n
-    while v >= (copies - 1) * n:
-        path.append(v - (copies - 1) * n)
-        v = int(cause[v])
-    return Replay(start[last], end[last], step_ns, path[::-1])
+    wraps = _wraps(graph, offset, dur)
+    start, end, cause = _unrolled(offset, dur, src, dst, lag, wraps, copies)
+    first = _first_nodes(ranks, offset)
+    step_ns = {r: float(start[-1, first[r]] - start[-2, first[r]]) if copies > 1 else graph.step_ns[r]
+               for r in sorted(graph.step_ns)}
+    path = trace_back(int(np.argmax(end[-1])), cause, src)
+    return Replay(start[-1], end[-1], step_ns, path.tolist(), cause)
+
+
+def _unrolled(offset: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray,
+             wraps: tuple[np.ndarray, np.ndarray, np.ndarray], copies: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start and end times of ``copies`` unrolled steps (arrays ``copies × nodes``), and the cause
+    edge (index into ``src``; -1 if none or a wrap) of every node in the last copy.
+
+    Copy ``k`` holds the nodes ``k * n ..`` and the edges ``k * m ..``; the wraps, from each copy to
+    the next, come after all of them. Nodes without an input start at their ``offset``.
+    """
+    n, m = len(dur), len(src)
+    wrap_src, wrap_dst, wrap_lag = wraps
+    step = np.arange(copies, dtype=np.int64)[:, None] * n
+    all_src = np.concatenate([(src + step).ravel(), (wrap_src + step[:-1]).ravel()])
+    all_dst = np.concatenate([(dst + step).ravel(), (wrap_dst + step[1:]).ravel()])
+    all_lag = np.concatenate([np.tile(lag, copies), np.tile(wrap_lag, copies - 1)])
+    has_input = np.bincount(dst, minlength=n) > 0
+    wrapped = has_input.copy()
+    wrapped[wrap_dst] = True  # from the second copy on
+    earliest = np.where(np.r_[has_input, np.tile(wrapped, copies - 1)], -np.inf, np.tile(offset, copies))
+    start, end, cause = longest_path(earliest, np.tile(dur, copies), all_src, all_dst, all_lag)
+    last = cause[(copies - 1) * n:] - (copies - 1) * m
+    last[(last < 0) | (last >= m)] = -1
+    return start.reshape(copies, n), end.reshape(copies, n), last
 
 
 def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Edges from the last op of each thread or stream to its first op in the next step.
 
     The lag is the measured gap across the step boundary (one step later, the first op starts
-    again), and never negative: a queue does not run two ops at once.
+    again), and never negative: a queue does not run two ops at once. The first op is the one
+    that starts first, the last the one that ends last (ties: the earlier node); one wrap per
+    resource, in order of the resources' first node.
     """
-    src, dst, lag = [], [], []
-    nodes = graph.nodes
-    for _, group in nodes[nodes["rank"] >= 0].groupby("resource", sort=False):
-        ids = group.index.to_numpy()
-        head, tail = ids[np.argmin(offset[ids])], ids[np.argmax(offset[ids] + dur[ids])]
-        period = graph.step_ns[int(nodes.at[head, "rank"])]
-        src.append(tail)
-        dst.append(head)
-        lag.append(max(0.0, offset[head] + period - (offset[tail] + dur[tail])))
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(lag, np.float64)
+    ranks = graph.nodes["rank"].to_numpy(np.int64)
+    resource = pd.factorize(graph.nodes["resource"], sort=False)[0]  # numbered by first node
+    ids = np.flatnonzero(ranks >= 0)
+    head = ids[group_argmin(resource[ids], offset[ids])]
+    tail = ids[group_argmin(resource[ids], -(offset[ids] + dur[ids]))]
+    period = pd.Series(graph.step_ns, dtype=np.float64).reindex(ranks[head]).to_numpy()
+    lag = np.maximum(0.0, offset[head] + period - (offset[tail] + dur[tail]))
+    return tail, head, lag
 
 
-def _simulate(earliest: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray,
-              lag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Longest-path times: each node starts when its inputs allow, or at ``earliest`` if it has none."""
-    n = len(dur)
-    by_dst = np.argsort(dst, kind="stable")
-    in_start = np.searchsorted(dst[by_dst], np.arange(n + 1))
-    start, end = earliest.copy(), np.zeros(n)
-    cause = np.full(n, -1)
-    for v in topological_order(n, src, dst):
-        incoming = by_dst[in_start[v]:in_start[v + 1]]
-        if incoming.size:
-            ready = end[src[incoming]] + lag[incoming]
-            k = int(np.argmax(ready))
-            start[v], cause[v] = ready[k], src[incoming[k]]
-        end[v] = start[v] + dur[v]
-    return start, end, cause
+def _first_nodes(ranks: np.ndarray, offset: np.ndarray) -> dict[int, int]:
+    """Each rank's node that starts first (ties: the earlier node)."""
+    ids = np.flatnonzero(ranks >= 0)
+    firsts = ids[group_argmin(ranks[ids], offset[ids])]
+    return dict(zip(ranks[firsts].tolist(), firsts.tolist()))
