@@ -3,6 +3,7 @@ synthetic data-parallel job (behaviour, not timing: benchmarks/replay_speed.py t
 
 from __future__ import annotations
 
+import math
 import networkx as nx
 import numpy as np
 import pandas as pd
@@ -11,6 +12,7 @@ import pytest
 from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.kernels import ReplayError, longest_path
 from dpro.replayer.simulate import _wraps, replay
+from dpro.replayer.synthetic import DataParallelJob, bucket_sizes, data_parallel_graph, ring_all_reduce_ns
 
 
 def random_dag(seed: int, n: int = 60, m: int = 200) -> tuple[np.ndarray, ...]:
@@ -91,3 +93,43 @@ def test_replay_names_the_edge_that_bound_each_start() -> None:
     assert result.cause_edge.tolist() == [2, -1, 0, 4, 1]
     assert result.critical_path == [1, 0, 3]
     assert result.step_ns == {0: 100.0}
+
+
+def test_buckets_and_the_ring_all_reduce_model() -> None:
+    assert bucket_sizes(100_000_000, 25 * 2**20).tolist() == [25 * 2**20] * 15 + [400_000_000 - 15 * 25 * 2**20]
+    assert len(bucket_sizes(100_000_000, 25 * 2**20)) == math.ceil(100_000_000 * 4 / (25 * 2**20)) == 16
+    assert bucket_sizes(10, 40).tolist() == [40]
+    t = ring_all_reduce_ns(np.array([8e9]), ranks=8, alpha_s=1e-5, beta_bytes_per_s=1e9)
+    assert t.tolist() == pytest.approx([2 * 7 * (1e-5 + 1.0) * 1e9])
+    assert ring_all_reduce_ns(np.array([8e9]), ranks=1, alpha_s=1e-5, beta_bytes_per_s=1e9).tolist() == [0.0]
+
+
+def test_synthetic_data_parallel_graph() -> None:
+    job = DataParallelJob(ranks=8, params=10_000_000, layers=4, kernels_per_layer=2)
+    graph = data_parallel_graph(job)
+    nodes, edges = graph.nodes, graph.edges
+    buckets = math.ceil(job.params * 4 / (25 * 2**20))
+    per_rank = 2 * (3 * job.layers * job.kernels_per_layer + 1) + buckets  # CPU ops, kernels, arrivals
+    assert nodes["rank"].value_counts().to_dict() == {**dict.fromkeys(range(8), per_rank), -1: buckets}
+    shared = np.flatnonzero(nodes["kind"] == "collective")
+    assert (nodes.loc[shared, "coll"] == "all_reduce").all() and (nodes.loc[shared, "resource"] == "coll").all()
+    assert nodes.loc[shared, "dur_ns"].tolist() == pytest.approx(ring_all_reduce_ns(
+        bucket_sizes(job.params, job.bucket_bytes), 8, job.alpha_s, job.beta_bytes_per_s).tolist())
+    for v in shared:
+        arrivals = edges[(edges["dst"] == v) & (edges["kind"] == "arrive")]["src"]
+        assert sorted(nodes.loc[arrivals, "rank"]) == list(range(8)) and (nodes.loc[arrivals, "dur_ns"] == 0).all()
+        waiters = edges[(edges["src"] == v) & (edges["kind"] == "wait")]["dst"]
+        assert sorted(nodes.loc[waiters, "rank"]) == list(range(8))
+        assert set(nodes.loc[waiters, "name"]) == {"optimizer.step"}
+    # 40 MB of gradients, 10 MB per layer, in reverse layer order: the first bucket (25 MiB) is
+    # complete with layer 1's gradients, the second with layer 0's.
+    ready = edges[(edges["kind"] == "enqueue") & (nodes.loc[edges["src"], "rank"].to_numpy() == 0)]["src"]
+    assert nodes.loc[ready, "name"].tolist() == ["layer1.backward:kernel", "layer0.backward:kernel"]
+    stream = nodes[nodes["resource"] == "r0/gpu/7"]
+    for v in ready:  # the layer's last backward kernel
+        assert stream.loc[v + 1:, "name"].iloc[0] != stream.at[v, "name"]
+    launches = edges[edges["kind"] == "launch"]
+    assert (nodes.loc[launches["src"], "kind"] == "cpu").all() and (nodes.loc[launches["dst"], "kind"] == "gpu").all()
+    assert nx.is_directed_acyclic_graph(graph.to_networkx())
+    # The offsets are the step's own schedule: replayed, the step takes the time it says.
+    assert replay(graph).step_ns == pytest.approx(graph.step_ns)
