@@ -20,6 +20,7 @@ import pandas as pd
 from dpro.graph.dataflow import DataflowGraph
 
 from .kernels import ReplayError, group_argmin, longest_path, trace_back
+from .symmetry import fold
 
 __all__ = ["Replay", "ReplayError", "replay"]
 
@@ -42,7 +43,8 @@ class Replay:
     cause_edge: np.ndarray
 
 
-def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: int = 4) -> Replay:
+def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: int = 4,
+           symmetric: bool = True) -> Replay:
     """Simulate ``graph``'s step in steady state; ``durations`` overrides node durations (what-if).
 
     The step is unrolled ``copies`` times: every thread and stream goes on from one copy to the
@@ -50,6 +52,10 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     gap, never overlapping it), so GPU work that runs into the next step and skew between ranks
     carry over as in a running job. A rank's predicted step time is the time between the starts
     of its first op in the last two copies; the timeline returned is the last copy's.
+
+    If the ranks are identical (``symmetric``, see :mod:`dpro.replayer.symmetry`), one rank and
+    the collectives are replayed and the result is the same on every rank: exact, and as many
+    times faster as there are ranks. ``symmetric=False`` replays the whole graph.
     """
     nodes, edges = graph.nodes, graph.edges
     dur = nodes["dur_ns"].to_numpy(np.float64) if durations is None else np.asarray(durations, np.float64)
@@ -58,7 +64,13 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
     lag = edges["lag_ns"].to_numpy(np.float64)
     wraps = _wraps(graph, offset, dur)
-    start, end, cause = _unrolled(offset, dur, src, dst, lag, wraps, copies)
+    folded = fold(ranks, dur, offset, src, dst, lag, wraps) if symmetric else None
+    if folded is None:
+        start, end, cause = _unrolled(offset, dur, src, dst, lag, wraps, copies)
+    else:
+        start, end, cause = _unrolled(offset[folded.nodes], dur[folded.nodes], folded.src, folded.dst,
+                                      folded.lag, folded.wraps, copies)
+        start, end, cause = start[:, folded.node_of], end[:, folded.node_of], folded.cause_edge(cause)
     first = _first_nodes(ranks, offset)
     step_ns = {r: float(start[-1, first[r]] - start[-2, first[r]]) if copies > 1 else graph.step_ns[r]
                for r in sorted(graph.step_ns)}

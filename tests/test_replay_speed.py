@@ -11,7 +11,8 @@ import pytest
 
 from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.kernels import ReplayError, longest_path
-from dpro.replayer.simulate import _wraps, replay
+from dpro.replayer.simulate import Replay, _wraps, replay
+from dpro.replayer.symmetry import Fold, fold
 from dpro.replayer.synthetic import DataParallelJob, bucket_sizes, data_parallel_graph, ring_all_reduce_ns
 
 
@@ -133,3 +134,60 @@ def test_synthetic_data_parallel_graph() -> None:
     assert nx.is_directed_acyclic_graph(graph.to_networkx())
     # The offsets are the step's own schedule: replayed, the step takes the time it says.
     assert replay(graph).step_ns == pytest.approx(graph.step_ns)
+
+
+def fold_of(graph: DataflowGraph) -> Fold | None:
+    nodes, edges = graph.nodes, graph.edges
+    dur, offset = nodes["dur_ns"].to_numpy(np.float64), nodes["offset_ns"].to_numpy(np.float64)
+    return fold(nodes["rank"].to_numpy(), dur, offset, edges["src"].to_numpy(), edges["dst"].to_numpy(),
+                edges["lag_ns"].to_numpy(np.float64), _wraps(graph, offset, dur))
+
+
+def assert_same_replay(a: Replay, b: Replay) -> None:
+    assert np.array_equal(a.start_ns, b.start_ns) and np.array_equal(a.end_ns, b.end_ns)
+    assert a.step_ns == b.step_ns and a.critical_path == b.critical_path
+    assert np.array_equal(a.cause_edge, b.cause_edge)
+
+
+SMALL_JOB = DataParallelJob(ranks=8, params=20_000_000, layers=6, kernels_per_layer=2)
+
+
+def test_symmetric_fold_equals_the_full_replay() -> None:
+    graph = data_parallel_graph(SMALL_JOB)
+    folded = fold_of(graph)
+    assert folded is not None and len(folded.nodes) == (graph.nodes["rank"] <= 0).sum()
+    result = replay(graph)
+    assert_same_replay(result, replay(graph, symmetric=False))
+    assert len(set(result.step_ns.values())) == 1 and len(result.step_ns) == 8
+    shared = np.flatnonzero(graph.nodes["kind"] == "collective")
+    assert (graph.edges.loc[result.cause_edge[shared], "kind"] == "arrive").all()
+
+
+def test_fold_keeps_the_full_replays_choice_among_equal_arrivals() -> None:
+    # The last rank's edges first: every collective is bound by all 8 arrivals at once, and
+    # the full replay names the first in graph order, rank 7's.
+    graph = data_parallel_graph(SMALL_JOB)
+    m = len(graph.edges) // 8
+    order = np.concatenate([np.arange(r * m, (r + 1) * m) for r in reversed(range(8))])
+    graph.edges = graph.edges.iloc[order].reset_index(drop=True)
+    result = replay(graph)
+    assert_same_replay(result, replay(graph, symmetric=False))
+    shared = np.flatnonzero(graph.nodes["kind"] == "collective")
+    assert set(graph.nodes.loc[graph.edges.loc[result.cause_edge[shared], "src"], "rank"]) == {7}
+
+
+@pytest.mark.parametrize("change", ["slower kernels", "longer lag"])
+def test_one_different_rank_is_replayed_in_full(change: str) -> None:
+    graph = data_parallel_graph(SMALL_JOB)
+    symmetric = replay(graph)
+    if change == "slower kernels":
+        slow = (graph.nodes["rank"] == 3) & (graph.nodes["kind"] == "gpu")
+        graph.nodes.loc[slow, "dur_ns"] *= 1.5
+    else:
+        launch = np.flatnonzero((graph.edges["kind"] == "launch").to_numpy()
+                                & (graph.nodes.loc[graph.edges["src"], "rank"] == 3).to_numpy())
+        graph.edges.loc[launch[-1], "lag_ns"] += 50e6
+    assert fold_of(graph) is None
+    result = replay(graph)
+    assert_same_replay(result, replay(graph, symmetric=False))
+    assert min(result.step_ns.values()) > max(symmetric.step_ns.values()), "rank 3 slows every rank down"
