@@ -1,4 +1,5 @@
-"""Compiled graph kernels of the replay: topological order and longest-path times over edge arrays.
+"""Compiled graph kernels of the replay: topological order and longest-path times over edge
+arrays, and two helpers (a chain of causes, the least key per group).
 
 Nodes are ``0..n-1``; edge ``e`` goes from ``src[e]`` to ``dst[e]`` with lag ``lag[e]`` and means
 ``start(dst) >= end(src) + lag``. The kernels are compiled by numba on first use and cached on

@@ -54,8 +54,8 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     of its first op in the last two copies; the timeline returned is the last copy's.
 
     If the ranks are identical (``symmetric``, see :mod:`dpro.replayer.symmetry`), one rank and
-    the collectives are replayed and the result is the same on every rank: exact, and as many
-    times faster as there are ranks. ``symmetric=False`` replays the whole graph.
+    the collectives are replayed and the result is mapped to every rank: exact, with a graph as
+    many times smaller as there are ranks. ``symmetric=False`` replays the whole graph.
     """
     nodes, edges = graph.nodes, graph.edges
     dur = nodes["dur_ns"].to_numpy(np.float64) if durations is None else np.asarray(durations, np.float64)
