@@ -1,12 +1,12 @@
 """Replay accuracy: measured against predicted step time on real recorded runs and on the
-shared GPU traces, with and without clock alignment; and replay speed.
+shared GPU traces, with and without clock alignment.
 
 Recorded cases: the example job in three shapes (GPT, MLP, CNN) × two DDP bucket sizes, 2 ranks
 with gloo, and the GPT on 2 hosts (network namespaces, root only) with one host's link throttled
 by ``tc tbf``, all recorded with ``dpro record`` in this run; measured is the mean step time over the
 profiled steps, predicted is the replay of the graph built from them (per-op medians). Every
 case is also replayed with ``align=False``. The shared GPU traces are single ranks recorded
-elsewhere. Replay speed: simulated ops per second over all cases.
+elsewhere. (Replay speed is benchmarks/replay_speed.py.)
 
     python -m benchmarks --only replay_accuracy [--quick]
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,16 +39,13 @@ def _record(run_dir: Path, job_args: list[str]) -> None:
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _errors(traces: dict, offsets: dict | None) -> tuple[float, float, float, int, float]:
-    """Job step time measured and predicted (mean over ranks), error %, simulated ops and the
-    seconds the replay alone took."""
+def _errors(traces: dict, offsets: dict | None) -> tuple[float, float, float]:
+    """Job step time measured and predicted (mean over ranks), and the error %."""
     graph = build_graph(traces, offsets, align=offsets is not None)
-    start = time.perf_counter()
     result = replay(graph)
-    seconds = time.perf_counter() - start
     measured = float(np.mean(list(graph.step_ns.values())))
     predicted = float(np.mean(list(result.step_ns.values())))
-    return measured, predicted, 100 * (predicted / measured - 1), 4 * len(graph.nodes), seconds
+    return measured, predicted, 100 * (predicted / measured - 1)
 
 
 def _throttled_run(run_dir: Path) -> Run | None:
@@ -93,11 +89,8 @@ def cases(quick: bool) -> list[tuple[str, dict, dict | None]]:
 
 def run(quick: bool = False) -> list[dict]:
     rows, errors, aligned, unaligned = [], [], [], []
-    ops, seconds = 0, 0.0
     for name, traces, offsets in cases(quick):
-        measured, predicted, error, simulated, took = _errors(traces, offsets)
-        seconds += took
-        ops += simulated
+        measured, predicted, error = _errors(traces, offsets)
         errors.append(abs(error))
         if len(traces) > 1:
             aligned.append(abs(error))
@@ -113,9 +106,6 @@ def run(quick: bool = False) -> list[dict]:
             rows.append({"benchmark": "replay accuracy", "case": f"{len(values)} recorded runs {label} clock alignment",
                          "metric": "mean |error| %", "dpro": float(np.mean(values)), "baseline": 3.0,
                          "ratio": float(np.mean(values)) / 3.0, "goal": "mean <= 3%", "met": float(np.mean(values)) <= 3})
-    rows.append({"benchmark": "replay speed", "case": "replay (4 unrolled steps), all cases", "metric": "simulated ops/s",
-                 "dpro": ops / seconds, "baseline": 1e6, "ratio": ops / seconds / 1e6, "goal": ">= 1M ops/s",
-                 "met": ops / seconds >= 1e6})
     return rows
 
 

@@ -2,8 +2,9 @@
 
 Each node starts once all its inputs allow (``start(v) = max(end(u) + lag)`` over its edges; a
 node with no input keeps its measured offset), and lasts its duration. Program-order edges make
-each thread and stream a queue; a collective node is shared by its ranks, so it starts when the
-last rank arrives. Nodes are evaluated in a topological order.
+each thread and stream a queue; a collective's sends wait for the ranks at both ends, so a
+collective goes on when its last rank arrives. Times are longest paths, computed by the compiled kernels of
+:mod:`dpro.replayer.kernels`.
 
     >>> result = replay(graph)                              # doctest: +SKIP
     >>> result.step_ns                                      # predicted step time per rank
@@ -14,44 +15,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
 
+from .kernels import ReplayError, group_argmin, longest_path, trace_back
+from .symmetry import fold
 
-class ReplayError(DproError):
-    """The graph cannot be replayed (it has a cycle)."""
+__all__ = ["Replay", "ReplayError", "replay"]
 
 
 @dataclass
 class Replay:
+    """The predicted timeline of the last unrolled step.
+
+    ``start_ns``, ``end_ns``: per node of the graph. ``step_ns``: predicted step time per rank.
+    ``critical_path``: the nodes, first to last, whose edges bound one another's start up to the
+    node that ends last. ``cause_edge``: per node, the row of ``graph.edges`` whose edge bound its
+    start (of equally binding edges, the first row); -1 if nothing did (it started at its offset)
+    or if it was bound by the previous step (a thread or stream going on from one step to the next).
+    """
+
     start_ns: np.ndarray
     end_ns: np.ndarray
     step_ns: dict[int, float]
     critical_path: list[int]
+    cause_edge: np.ndarray
 
 
-def topological_order(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Kahn's algorithm over edge arrays; raises :class:`ReplayError` on a cycle."""
-    indegree = np.bincount(dst, minlength=n)
-    order_of_out = np.argsort(src, kind="stable")
-    out_start = np.searchsorted(src[order_of_out], np.arange(n + 1))
-    ready = list(np.flatnonzero(indegree == 0))
-    order = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for e in order_of_out[out_start[u]:out_start[u + 1]]:
-            v = dst[e]
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                ready.append(v)
-    if len(order) != n:
-        raise ReplayError(f"the graph has a cycle through {n - len(order)} node(s)")
-    return np.asarray(order, dtype=np.int64)
-
-
-def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: int = 4) -> Replay:
+def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: int = 4,
+           symmetric: bool = True) -> Replay:
     """Simulate ``graph``'s step in steady state; ``durations`` overrides node durations (what-if).
 
     The step is unrolled ``copies`` times: every thread and stream goes on from one copy to the
@@ -59,31 +52,55 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     gap, never overlapping it), so GPU work that runs into the next step and skew between ranks
     carry over as in a running job. A rank's predicted step time is the time between the starts
     of its first op in the last two copies; the timeline returned is the last copy's.
+
+    If the ranks are identical (``symmetric``, see :mod:`dpro.replayer.symmetry`), one rank and
+    the collectives are replayed and the result is mapped to every rank: exact, with a graph as
+    many times smaller as there are ranks. ``symmetric=False`` replays the whole graph.
     """
     nodes, edges = graph.nodes, graph.edges
-    n = len(nodes)
-    dur = nodes["dur_ns"].to_numpy(dtype=np.float64) if durations is None else np.asarray(durations, np.float64)
+    dur = nodes["dur_ns"].to_numpy(np.float64) if durations is None else np.asarray(durations, np.float64)
+    offset = nodes["offset_ns"].to_numpy(np.float64)
+    ranks = nodes["rank"].to_numpy(np.int64)
     src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
     lag = edges["lag_ns"].to_numpy(np.float64)
-    offset = nodes["offset_ns"].to_numpy(np.float64)
-    ranks = nodes["rank"].to_numpy()
-    wrap_src, wrap_dst, wrap_lag = _wraps(graph, offset, nodes["dur_ns"].to_numpy(np.float64))  # as recorded
-    all_src = np.concatenate([src + k * n for k in range(copies)] + [wrap_src + k * n for k in range(copies - 1)])
-    all_dst = np.concatenate([dst + k * n for k in range(copies)] + [wrap_dst + (k + 1) * n for k in range(copies - 1)])
-    all_lag = np.concatenate([lag] * copies + [wrap_lag] * (copies - 1))
-    total = n * copies
-    has_input = np.bincount(all_dst, minlength=total) > 0
-    earliest = np.where(has_input, -np.inf, np.tile(offset, copies))
-    start, end, cause = _simulate(earliest, np.tile(dur, copies), all_src, all_dst, all_lag)
-    first = {r: int(np.flatnonzero(ranks == r)[np.argmin(offset[ranks == r])]) for r in sorted(graph.step_ns)}
-    step_ns = {r: float(start[(copies - 1) * n + v] - start[(copies - 2) * n + v]) if copies > 1
-               else graph.step_ns[r] for r, v in first.items()}
-    last = slice((copies - 1) * n, copies * n)
-    path, v = [], int(np.argmax(end[last])) + (copies - 1) * n
-    while v >= (copies - 1) * n:
-        path.append(v - (copies - 1) * n)
-        v = int(cause[v])
-    return Replay(start[last], end[last], step_ns, path[::-1])
+    wraps = _wraps(graph, offset, nodes["dur_ns"].to_numpy(np.float64))  # as recorded, whatever the what-if
+    folded = fold(ranks, dur, offset, src, dst, lag, wraps) if symmetric else None
+    if folded is None:
+        start, end, cause = _unrolled(offset, dur, src, dst, lag, wraps, copies)
+    else:
+        start, end, cause = _unrolled(offset[folded.nodes], dur[folded.nodes], folded.src, folded.dst,
+                                      folded.lag, folded.wraps, copies)
+        start, end, cause = start[:, folded.node_of], end[:, folded.node_of], folded.cause_edge(cause)
+    first = _first_nodes(ranks, offset)
+    step_ns = {r: float(start[-1, first[r]] - start[-2, first[r]]) if copies > 1 else graph.step_ns[r]
+               for r in sorted(graph.step_ns)}
+    path = trace_back(int(np.argmax(end[-1])), cause, src)
+    return Replay(start[-1], end[-1], step_ns, path.tolist(), cause)
+
+
+def _unrolled(offset: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray,
+             wraps: tuple[np.ndarray, np.ndarray, np.ndarray], copies: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start and end times of ``copies`` unrolled steps (arrays ``copies × nodes``), and the cause
+    edge (index into ``src``; -1 if none or a wrap) of every node in the last copy.
+
+    Copy ``k`` holds the nodes ``k * n ..`` and the edges ``k * m ..``; the wraps, from each copy to
+    the next, come after all of them. Nodes without an input start at their ``offset``.
+    """
+    n, m = len(dur), len(src)
+    wrap_src, wrap_dst, wrap_lag = wraps
+    step = np.arange(copies, dtype=np.int64)[:, None] * n
+    all_src = np.concatenate([(src + step).ravel(), (wrap_src + step[:-1]).ravel()])
+    all_dst = np.concatenate([(dst + step).ravel(), (wrap_dst + step[1:]).ravel()])
+    all_lag = np.concatenate([np.tile(lag, copies), np.tile(wrap_lag, copies - 1)])
+    has_input = np.bincount(dst, minlength=n) > 0
+    wrapped = has_input.copy()
+    wrapped[wrap_dst] = True  # from the second copy on
+    earliest = np.where(np.r_[has_input, np.tile(wrapped, copies - 1)], -np.inf, np.tile(offset, copies))
+    start, end, cause = longest_path(earliest, np.tile(dur, copies), all_src, all_dst, all_lag)
+    last = cause[(copies - 1) * n:] - (copies - 1) * m
+    last[(last < 0) | (last >= m)] = -1
+    return start.reshape(copies, n), end.reshape(copies, n), last
 
 
 def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,39 +110,29 @@ def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[n
     again), never negative (a queue does not run two ops at once), and, as for program order
     within the step, without the time the queue sat idle waiting for the first op's other
     inputs (a communication thread waits for the next step's first collective to be issued).
+    Queues are the CPU threads and GPU streams (links and collectives' ends are not). The first
+    op is the one that starts first, the last the one that ends last (ties: the earlier node);
+    one wrap per queue, in order of the queues' first node.
     """
-    src, dst, lag = [], [], []
     nodes, edges = graph.nodes, graph.edges
-    e_src, e_dst = edges["src"].to_numpy(), edges["dst"].to_numpy()
-    inputs_ready = offset[e_src] + dur[e_src] + edges["lag_ns"].to_numpy(np.float64)
-    queues = nodes[(nodes["rank"] >= 0) & nodes["kind"].isin(("cpu", "gpu"))]  # not links, not collectives' ends
-    for _, group in queues.groupby("resource", sort=False):
-        ids = group.index.to_numpy()
-        head, tail = ids[np.argmin(offset[ids])], ids[np.argmax(offset[ids] + dur[ids])]
-        period = graph.step_ns[int(nodes.at[head, "rank"])]
-        gap = max(0.0, offset[head] + period - (offset[tail] + dur[tail]))
-        ready = inputs_ready[e_dst == head]
-        if ready.size and ready.max() + period > offset[tail] + dur[tail]:
-            gap = min(gap, max(0.0, offset[head] - ready.max()))
-        src.append(tail)
-        dst.append(head)
-        lag.append(gap)
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(lag, np.float64)
+    ranks = nodes["rank"].to_numpy(np.int64)
+    resource = pd.factorize(nodes["resource"], sort=False)[0]  # numbered by first node
+    ids = np.flatnonzero((ranks >= 0) & nodes["kind"].isin(("cpu", "gpu")).to_numpy())
+    head = ids[group_argmin(resource[ids], offset[ids])]
+    tail = ids[group_argmin(resource[ids], -(offset[ids] + dur[ids]))]
+    period = pd.Series(graph.step_ns, dtype=np.float64).reindex(ranks[head]).to_numpy()
+    tail_end = offset[tail] + dur[tail] - period  # in the head's step
+    lag = np.maximum(0.0, offset[head] - tail_end)
+    e_src, e_dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
+    ready = np.full(len(offset), -np.inf)
+    np.maximum.at(ready, e_dst, offset[e_src] + dur[e_src] + edges["lag_ns"].to_numpy(np.float64))
+    idle = ready[head] > tail_end
+    lag[idle] = np.minimum(lag[idle], np.maximum(0.0, offset[head][idle] - ready[head][idle]))
+    return tail, head, lag
 
 
-def _simulate(earliest: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray,
-              lag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Longest-path times: each node starts when its inputs allow, or at ``earliest`` if it has none."""
-    n = len(dur)
-    by_dst = np.argsort(dst, kind="stable")
-    in_start = np.searchsorted(dst[by_dst], np.arange(n + 1))
-    start, end = earliest.copy(), np.zeros(n)
-    cause = np.full(n, -1)
-    for v in topological_order(n, src, dst):
-        incoming = by_dst[in_start[v]:in_start[v + 1]]
-        if incoming.size:
-            ready = end[src[incoming]] + lag[incoming]
-            k = int(np.argmax(ready))
-            start[v], cause[v] = ready[k], src[incoming[k]]
-        end[v] = start[v] + dur[v]
-    return start, end, cause
+def _first_nodes(ranks: np.ndarray, offset: np.ndarray) -> dict[int, int]:
+    """Each rank's node that starts first (ties: the earlier node)."""
+    ids = np.flatnonzero(ranks >= 0)
+    firsts = ids[group_argmin(ranks[ids], offset[ids])]
+    return dict(zip(ranks[firsts].tolist(), firsts.tolist()))
