@@ -237,19 +237,30 @@ def replay(run_dir: Path, as_json: bool, export: Path | None, no_align: bool) ->
 
 @main.command("critical-path")
 @click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
+@click.option("--rank", type=int, help="The path ending at this rank's last op (default: the job's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def critical_path_command(run_dir: Path, as_json: bool) -> None:
-    """The critical path of a recorded run's predicted step."""
+def critical_path_command(run_dir: Path, rank: int | None, as_json: bool) -> None:
+    """The critical path of a recorded run's predicted step, and what it is made of: compute,
+    CPU launch-bound, exposed communication, waiting for other ranks, idle."""
+    from dpro.replayer.breakdown import CATEGORIES, breakdown
     from dpro.replayer.report import critical_path, replay_run
 
     from .run_format import open_run
 
-    path = critical_path(*replay_run(open_run(run_dir)))
+    graph, result = replay_run(open_run(run_dir))
+    if rank is not None and rank not in graph.step_ns:
+        raise DproError(f"no rank {rank} in {run_dir} (ranks {sorted(graph.step_ns)})")
+    parts = breakdown(graph, result, rank)
+    path = critical_path(graph, result, rank)
     if as_json:
-        click.echo(json.dumps(path, indent=1))
+        click.echo(json.dumps({"breakdown": parts, "path": path}, indent=1))
         return
     for p in path:
-        click.echo(f"{p['start_ms']:9.3f} ms  {p['dur_ms']:8.3f} ms  {p['resource']:<16} {p['name']}")
+        click.echo(f"{p['start_ms'] - path[0]['start_ms']:9.3f} ms  {p['dur_ms']:8.3f} ms  r{p['rank']:<3} "
+                   f"{p['resource']:<16} {p['name']}")
+    click.echo(f"critical path of rank {parts['rank']}: {parts['span_ms']:.2f} ms, {parts['nodes']} nodes")
+    for c in CATEGORIES:
+        click.echo(f"  {c.replace('_', ' '):<14} {parts[c + '_ms']:9.2f} ms  {100 * parts[c + '_ms'] / parts['span_ms']:5.1f}%")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+"""What a rank's predicted step waits on: its critical path, split into kinds of time.
+
+The critical path of rank ``r`` is the chain of nodes whose edges bound one another's start,
+ending at the node of ``r`` that ends last in the predicted step. Each stretch of it is:
+
+- ``compute``: an op of ``r`` (a GPU kernel or copy, or a CPU op that launches nothing the path
+  then waits for);
+- ``launch_bound``: CPU ops of ``r`` whose launch the path's next GPU op waited for (the GPU
+  was starved by the CPU);
+- ``communication``: sends of a collective, once every rank has arrived (exposed: nothing of
+  ``r``'s ran in its place);
+- ``waiting``: ops and gaps of other ranks (``r`` was waiting for a slower rank to arrive);
+- ``idle``: gaps between ``r``'s own ops on the path (scheduling, Python overhead, latency).
+
+The stretches add up to the path's span, from its first node to its end.
+
+    >>> breakdown(graph, replay(graph), rank=0)            # doctest: +SKIP
+    {'rank': 0, 'span_ms': 81.2, 'compute_ms': 60.1, 'communication_ms': 12.3, ...}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpro.graph.dataflow import DataflowGraph
+
+from .simulate import Replay
+
+CATEGORIES = ("compute", "launch_bound", "communication", "waiting", "idle")
+
+
+def rank_critical_path(graph: DataflowGraph, result: Replay, rank: int | None = None) -> list[int]:
+    """The nodes of the critical path ending at ``rank``'s last-ending node (any rank if None)."""
+    ranks = graph.nodes["rank"].to_numpy()
+    candidates = np.flatnonzero(ranks == rank) if rank is not None else np.arange(len(ranks))
+    v = int(candidates[np.argmax(result.end_ns[candidates])])
+    src = graph.edges["src"].to_numpy()
+    path = [v]
+    while result.cause_edge[v] >= 0:
+        v = int(src[result.cause_edge[v]])
+        path.append(v)
+    return path[::-1]
+
+
+def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> dict[str, Any]:
+    """Milliseconds of each category (see the module docstring) on ``rank``'s critical path."""
+    nodes, edges = graph.nodes, graph.edges
+    path = rank_critical_path(graph, result, rank)
+    owner = int(nodes.at[path[-1], "rank"]) if rank is None else rank
+    kinds = nodes["kind"].to_numpy()
+    ranks = nodes["rank"].to_numpy()
+    edge_kind = edges["kind"].to_numpy()
+    start, end = result.start_ns, result.end_ns
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    launch_bound = _launch_bound(path, kinds, edge_kind, result.cause_edge)
+    for i, v in enumerate(path):
+        # v's stretch runs from its start to the next node's start (a launched kernel may start
+        # before its launching op ends: the op's stretch ends there); past v's end, it is a gap
+        upto = start[path[i + 1]] if i + 1 < len(path) else end[v]
+        took, gap = min(end[v], upto) - start[v], max(upto - end[v], 0.0)
+        mine = ranks[v] == owner
+        if kinds[v] == "transfer":
+            totals["communication"] += took
+        elif not mine:
+            totals["waiting"] += took
+        else:
+            totals["launch_bound" if v in launch_bound else "compute"] += took
+        if gap > 0:
+            after = path[i + 1] if i + 1 < len(path) else v
+            totals["idle" if mine and ranks[after] == owner else "waiting"] += gap
+    span = end[path[-1]] - start[path[0]]
+    return {"rank": owner, "span_ms": float(span) / 1e6, **{f"{k}_ms": float(v) / 1e6 for k, v in totals.items()},
+            "nodes": len(path)}
+
+
+def _launch_bound(path: list[int], kinds: np.ndarray, edge_kind: np.ndarray, cause: np.ndarray) -> set[int]:
+    """CPU nodes of the path whose following GPU node was bound by a launch from them, and the
+    CPU nodes just before them on the path up to the previous GPU node."""
+    out: set[int] = set()
+    run: list[int] = []
+    for v in path:
+        if kinds[v] == "cpu":
+            run.append(v)
+        else:
+            if kinds[v] == "gpu" and run and cause[v] >= 0 and edge_kind[cause[v]] == "launch":
+                out.update(run)
+            run = []
+    return out
