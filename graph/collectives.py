@@ -36,7 +36,9 @@ _TREE_ROOTED = {"broadcast", "reduce", "gather", "scatter"}
 _P2P = {"send", "recv", "send_recv", "recv_any_source"}
 # NCCL's algorithm numbers in its tuning log (src/include/device.h: NCCL_ALGO_TREE = 0, ...)
 _NCCL_ALGORITHMS = {0: TREE, 1: RING, 2: "collnet_direct", 3: "collnet_chain", 4: "nvls", 5: "nvls_tree", 6: "pat"}
-_NCCL_TUNING = re.compile(r"NCCL INFO (?P<coll>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\d+) proto (?P<proto>\d+)")
+# NCCL >= 2.19: "NCCL INFO AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}";
+# older: "NCCL INFO 4194304 Bytes -> Algo 1 proto 2 time 47.160000" (no collective: any matches)
+_NCCL_TUNING = re.compile(r"NCCL INFO (?:(?P<coll>\w+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+)")
 _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_\w+?_(?P<algo>RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|NVLS|NVLS_TREE|PAT)_")
 
 
@@ -131,9 +133,9 @@ def kernel_algorithm(kernel_name: str) -> str | None:
 
 
 def nccl_log_algorithms(paths: list[Path]) -> dict[tuple[str, int], str]:
-    """``(collective, bytes) -> algorithm`` from NCCL's tuning lines
-    (``NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 47.16``; written with
-    ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING``, which ``dpro record`` sets)."""
+    """``(collective, bytes) -> algorithm`` from NCCL's tuning lines, which rank 0 writes with
+    ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING`` (``dpro record`` sets both). Older NCCL names
+    no collective in them: those are keyed ``("*", bytes)``."""
     from .kineto import _canonical_collective
 
     found: dict[tuple[str, int], str] = {}
@@ -142,6 +144,8 @@ def nccl_log_algorithms(paths: list[Path]) -> dict[tuple[str, int], str]:
             for line in lines:
                 m = _NCCL_TUNING.search(line)
                 if m:
-                    algo = _NCCL_ALGORITHMS.get(int(m["algo"]), m["algo"])
-                    found[(_canonical_collective(m["coll"]), int(m["bytes"]))] = algo
+                    algo = m["algo"]
+                    algo = _NCCL_ALGORITHMS.get(int(algo), algo) if algo.isdigit() else algo.lower()
+                    coll = _canonical_collective(m["coll"]) if m["coll"] else "*"
+                    found[(coll, int(m["bytes"]))] = algo
     return found

@@ -413,7 +413,7 @@ def _size_and_algorithm(nodes: pd.DataFrame, coll: str, k: int, ids: dict[int, i
         size = float(bucket_bytes[k])
     algorithm = kernel_algorithm(str(first["name"]))
     if algorithm is None and algorithms and size == size:
-        algorithm = algorithms.get((coll, int(size)))
+        algorithm = algorithms.get((coll, int(size))) or algorithms.get(("*", int(size)))
     return size, algorithm
 
 

@@ -96,6 +96,24 @@ def _sweep(order: np.ndarray, ptr: np.ndarray, edge: np.ndarray, head: np.ndarra
 
 
 @numba.njit(cache=True)
+def _resweep(order: np.ndarray, first: int, ptr: np.ndarray, edge: np.ndarray, tail: np.ndarray,
+             weight: np.ndarray, earliest: np.ndarray, dur: np.ndarray, start: np.ndarray, end: np.ndarray,
+             cause: np.ndarray) -> None:
+    """Recompute, in place, the nodes from position ``first`` of ``order`` on, each from its
+    in-edges (CSR by head: ``tail``, ``weight``, ``edge``); the nodes before keep their times.
+    Same ties as :func:`_sweep`: the binding edge of lowest index."""
+    for i in range(first, order.size):
+        v = order[i]
+        s, c = earliest[v], -1
+        for j in range(ptr[v], ptr[v + 1]):
+            ready = end[tail[j]] + weight[j]
+            if ready > s or (ready == s and c >= 0 and edge[j] < c):
+                s, c = ready, edge[j]
+        start[v], cause[v] = s, c
+        end[v] = s + dur[v]
+
+
+@numba.njit(cache=True)
 def _group_argmin(group: np.ndarray, key: np.ndarray, groups: int) -> np.ndarray:
     """Per group ``0..groups-1``, the position of its least ``key`` (ties: the first); -1 if empty."""
     best = np.full(groups, -1, np.int64)
@@ -116,6 +134,45 @@ def _trace_back(v: int, cause: np.ndarray, src: np.ndarray) -> np.ndarray:
     return np.array(path[::-1], np.int64)
 
 
+class LongestPaths:
+    """Longest-path times over one edge set, for many duration vectors: the structure (both
+    CSRs, the topological order) is built once, and :meth:`update` recomputes only the nodes
+    at or after the first changed one in topological order."""
+
+    def __init__(self, n: int, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> None:
+        src, dst = np.ascontiguousarray(src, np.int64), np.ascontiguousarray(dst, np.int64)
+        lag = np.ascontiguousarray(lag, np.float64)
+        self.out = _out_edges(n, src, dst, lag)
+        self.order, count = _kahn(n, self.out[0], self.out[2])
+        if count != n:
+            raise ReplayError(f"the graph has a cycle through {n - count} node(s)")
+        self._edges = (n, src, dst, lag)
+        self._into: tuple | None = None  # in-edges and positions, built by the first update
+
+    def times(self, earliest: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Start, end and binding edge of every node (see :func:`longest_path`)."""
+        ptr, edge, head, weight = self.out
+        return _sweep(self.order, ptr, edge, head, weight, np.ascontiguousarray(earliest, np.float64),
+                      np.ascontiguousarray(dur, np.float64))
+
+    def update(self, earliest: np.ndarray, dur: np.ndarray, changed: np.ndarray,
+               times: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The times for ``dur``, given the ``times`` of a previous call whose durations
+        differed only at the nodes ``changed`` (same ``earliest``)."""
+        start, end, cause = (a.copy() for a in times)
+        if self._into is None:
+            n, src, dst, lag = self._edges
+            position = np.empty(n, np.int64)
+            position[self.order] = np.arange(n)
+            self._into = (*_out_edges(n, dst, src, lag), position)  # by head: the "heads" are the tails
+        ptr, edge, tail, weight, position = self._into
+        if changed.size:
+            _resweep(self.order, int(position[changed].min()), ptr, edge, tail, weight,
+                     np.ascontiguousarray(earliest, np.float64), np.ascontiguousarray(dur, np.float64),
+                     start, end, cause)
+        return start, end, cause
+
+
 def longest_path(earliest: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray,
                  lag: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start and end of every node, and the index of the edge that bound its start (-1: none).
@@ -123,14 +180,7 @@ def longest_path(earliest: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np
     A node starts when its inputs allow (``max(end(src) + lag)`` over its in-edges), or at
     ``earliest`` if it has none; raises :class:`ReplayError` on a cycle.
     """
-    n = len(dur)
-    ptr, edge, head, weight = _out_edges(n, np.ascontiguousarray(src, np.int64), np.ascontiguousarray(dst, np.int64),
-                                         np.ascontiguousarray(lag, np.float64))
-    order, count = _kahn(n, ptr, head)
-    if count != n:
-        raise ReplayError(f"the graph has a cycle through {n - count} node(s)")
-    return _sweep(order, ptr, edge, head, weight, np.ascontiguousarray(earliest, np.float64),
-                  np.ascontiguousarray(dur, np.float64))
+    return LongestPaths(len(dur), src, dst, lag).times(earliest, dur)
 
 
 def trace_back(v: int, cause: np.ndarray, src: np.ndarray) -> np.ndarray:

@@ -19,10 +19,10 @@ import pandas as pd
 
 from dpro.graph.dataflow import DataflowGraph
 
-from .kernels import ReplayError, group_argmin, longest_path, trace_back
+from .kernels import LongestPaths, ReplayError, group_argmin, trace_back
 from .symmetry import fold
 
-__all__ = ["Replay", "ReplayError", "replay"]
+__all__ = ["Replay", "ReplayError", "Replayer", "replay"]
 
 
 @dataclass
@@ -59,48 +59,103 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     """
     nodes, edges = graph.nodes, graph.edges
     dur = nodes["dur_ns"].to_numpy(np.float64) if durations is None else np.asarray(durations, np.float64)
-    offset = nodes["offset_ns"].to_numpy(np.float64)
-    ranks = nodes["rank"].to_numpy(np.int64)
-    src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
-    lag = edges["lag_ns"].to_numpy(np.float64)
-    wraps = _wraps(graph, offset, nodes["dur_ns"].to_numpy(np.float64))  # as recorded, whatever the what-if
-    folded = fold(ranks, dur, offset, src, dst, lag, wraps) if symmetric else None
+    folded = None
+    if symmetric:
+        offset = nodes["offset_ns"].to_numpy(np.float64)
+        src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
+        wraps = _wraps(graph, offset, nodes["dur_ns"].to_numpy(np.float64))
+        folded = fold(nodes["rank"].to_numpy(np.int64), dur, offset, src, dst, edges["lag_ns"].to_numpy(np.float64),
+                      wraps)
     if folded is None:
-        start, end, cause = _unrolled(offset, dur, src, dst, lag, wraps, copies)
-    else:
-        start, end, cause = _unrolled(offset[folded.nodes], dur[folded.nodes], folded.src, folded.dst,
-                                      folded.lag, folded.wraps, copies)
-        start, end, cause = start[:, folded.node_of], end[:, folded.node_of], folded.cause_edge(cause)
-    first = _first_nodes(ranks, offset)
+        return Replayer(graph, copies).replay(dur)
+    start, end, cause = _Unrolled(offset[folded.nodes], folded.src, folded.dst, folded.lag, folded.wraps,
+                                  copies).times(dur[folded.nodes])
+    start, end, cause = start[:, folded.node_of], end[:, folded.node_of], folded.cause_edge(cause)
+    return _result(graph, start, end, cause, copies)
+
+
+class Replayer:
+    """One graph prepared for many replays with different durations (what-if questions).
+
+    The unrolled graph and its topological order are built once; each :meth:`replay`
+    recomputes only the nodes at or after the first one (in topological order) whose duration
+    differs from the previous call's.
+
+        >>> replayer = Replayer(graph)                                     # doctest: +SKIP
+        >>> replayer.replay(durations_a).step_ns, replayer.replay(durations_b).step_ns  # doctest: +SKIP
+    """
+
+    def __init__(self, graph: DataflowGraph, copies: int = 4) -> None:
+        nodes, edges = graph.nodes, graph.edges
+        offset = nodes["offset_ns"].to_numpy(np.float64)
+        self.graph, self.copies = graph, copies
+        self._unrolled = _Unrolled(offset, edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64),
+                                   edges["lag_ns"].to_numpy(np.float64),
+                                   _wraps(graph, offset, nodes["dur_ns"].to_numpy(np.float64)), copies)
+        self._previous: tuple[np.ndarray, tuple] | None = None
+
+    def replay(self, durations: np.ndarray | None = None) -> Replay:
+        """The replay with ``durations`` (default: the recorded ones)."""
+        dur = self.graph.nodes["dur_ns"].to_numpy(np.float64) if durations is None else np.asarray(durations, np.float64)
+        previous = self._previous
+        if previous is None or previous[0].shape != dur.shape:
+            times = self._unrolled.run(dur)
+        else:
+            times = self._unrolled.run(dur, np.flatnonzero(dur != previous[0]), previous[1])
+        self._previous = (dur.copy(), times)
+        return _result(self.graph, *self._unrolled.shape(times), self.copies)
+
+
+def _result(graph: DataflowGraph, start: np.ndarray, end: np.ndarray, cause: np.ndarray, copies: int) -> Replay:
+    """The :class:`Replay` of unrolled times (``copies × nodes``) and last-copy causes."""
+    nodes = graph.nodes
+    first = _first_nodes(nodes["rank"].to_numpy(np.int64), nodes["offset_ns"].to_numpy(np.float64))
     step_ns = {r: float(start[-1, first[r]] - start[-2, first[r]]) if copies > 1 else graph.step_ns[r]
                for r in sorted(graph.step_ns)}
-    path = trace_back(int(np.argmax(end[-1])), cause, src)
+    path = trace_back(int(np.argmax(end[-1])), cause, graph.edges["src"].to_numpy(np.int64))
     return Replay(start[-1], end[-1], step_ns, path.tolist(), cause)
 
 
-def _unrolled(offset: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray,
-             wraps: tuple[np.ndarray, np.ndarray, np.ndarray], copies: int
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Start and end times of ``copies`` unrolled steps (arrays ``copies × nodes``), and the cause
-    edge (index into ``src``; -1 if none or a wrap) of every node in the last copy.
+class _Unrolled:
+    """``copies`` unrolled steps of a graph: copy ``k`` holds the nodes ``k * n ..`` and the
+    edges ``k * m ..``; the wraps, from each copy to the next, come after all of them. Nodes
+    without an input start at their ``offset``."""
 
-    Copy ``k`` holds the nodes ``k * n ..`` and the edges ``k * m ..``; the wraps, from each copy to
-    the next, come after all of them. Nodes without an input start at their ``offset``.
-    """
-    n, m = len(dur), len(src)
-    wrap_src, wrap_dst, wrap_lag = wraps
-    step = np.arange(copies, dtype=np.int64)[:, None] * n
-    all_src = np.concatenate([(src + step).ravel(), (wrap_src + step[:-1]).ravel()])
-    all_dst = np.concatenate([(dst + step).ravel(), (wrap_dst + step[1:]).ravel()])
-    all_lag = np.concatenate([np.tile(lag, copies), np.tile(wrap_lag, copies - 1)])
-    has_input = np.bincount(dst, minlength=n) > 0
-    wrapped = has_input.copy()
-    wrapped[wrap_dst] = True  # from the second copy on
-    earliest = np.where(np.r_[has_input, np.tile(wrapped, copies - 1)], -np.inf, np.tile(offset, copies))
-    start, end, cause = longest_path(earliest, np.tile(dur, copies), all_src, all_dst, all_lag)
-    last = cause[(copies - 1) * n:] - (copies - 1) * m
-    last[(last < 0) | (last >= m)] = -1
-    return start.reshape(copies, n), end.reshape(copies, n), last
+    def __init__(self, offset: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray,
+                 wraps: tuple[np.ndarray, np.ndarray, np.ndarray], copies: int) -> None:
+        n, m = len(offset), len(src)
+        wrap_src, wrap_dst, wrap_lag = wraps
+        step = np.arange(copies, dtype=np.int64)[:, None] * n
+        all_src = np.concatenate([(src + step).ravel(), (wrap_src + step[:-1]).ravel()])
+        all_dst = np.concatenate([(dst + step).ravel(), (wrap_dst + step[1:]).ravel()])
+        all_lag = np.concatenate([np.tile(lag, copies), np.tile(wrap_lag, copies - 1)])
+        has_input = np.bincount(dst, minlength=n) > 0
+        wrapped = has_input.copy()
+        wrapped[wrap_dst] = True  # from the second copy on
+        self.earliest = np.where(np.r_[has_input, np.tile(wrapped, copies - 1)], -np.inf, np.tile(offset, copies))
+        self.paths = LongestPaths(n * copies, all_src, all_dst, all_lag)
+        self.n, self.m, self.copies = n, m, copies
+
+    def run(self, dur: np.ndarray, changed: np.ndarray | None = None,
+            previous: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unrolled times for per-node ``dur``; with ``previous`` times whose durations differed
+        at the nodes ``changed``, only what follows them is recomputed."""
+        dur_all = np.tile(dur, self.copies)
+        if previous is None:
+            return self.paths.times(self.earliest, dur_all)
+        every_copy = (changed[None, :] + self.n * np.arange(self.copies)[:, None]).ravel()
+        return self.paths.update(self.earliest, dur_all, every_copy, previous)
+
+    def shape(self, times: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Start and end as ``copies × nodes``, and the cause edge (index into the graph's edges;
+        -1 if none or a wrap) of every node in the last copy."""
+        start, end, cause = times
+        last = cause[(self.copies - 1) * self.n:] - (self.copies - 1) * self.m
+        last[(last < 0) | (last >= self.m)] = -1
+        return start.reshape(self.copies, self.n), end.reshape(self.copies, self.n), last
+
+    def times(self, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.shape(self.run(dur))
 
 
 def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
 
 from .cost import fit_link_model, link_class
-from .simulate import Replay, replay
+from .simulate import Replay, Replayer
 
 
 class WhatIfError(DproError):
@@ -36,7 +36,8 @@ class WhatIf:
         self.model = fit_link_model(graph)
         nodes = graph.nodes
         self.durations = nodes["dur_ns"].to_numpy(np.float64).copy()
-        self.edges = graph.edges.copy()
+        self.edges = graph.edges
+        self._replayer: Replayer | None = None
         self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
         self._bandwidth = np.ones(len(nodes))
         self._parts = np.ones(len(nodes))
@@ -123,13 +124,16 @@ class WhatIf:
             self.edges = edges.reset_index(drop=True)
         return self
 
-    def replay(self, copies: int = 4) -> Replay:
-        """Replay the graph with the changes made so far."""
-        graph = self.graph
-        if self.edges is not graph.edges:
-            graph = DataflowGraph(graph.nodes, self.edges, graph.step_ns, graph.start_ns, graph.steps,
-                                  graph.collectives, graph.clock_offsets_ns, graph.hosts)
-        return replay(graph, durations=self.durations, copies=copies)
+    def replay(self) -> Replay:
+        """Replay the graph with the changes made so far. Successive calls on an unchanged
+        structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops."""
+        if self._replayer is None or self._replayer.graph.edges is not self.edges:
+            graph = self.graph
+            if self.edges is not graph.edges:
+                graph = DataflowGraph(graph.nodes, self.edges, graph.step_ns, graph.start_ns, graph.steps,
+                                      graph.collectives, graph.clock_offsets_ns, graph.hosts)
+            self._replayer = Replayer(graph)
+        return self._replayer.replay(self.durations)
 
     def _collective(self, coll: str, occurrence: int) -> pd.Series:
         table = self.graph.collectives

@@ -1,0 +1,152 @@
+"""Collective schedules, their decomposition in the graph, the alpha-beta link model, the
+what-if API, incremental re-replay and the critical-path breakdown."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpro.graph.collectives import kernel_algorithm, nccl_log_algorithms, schedule, steps_of
+from dpro.graph.dataflow import DataflowGraph, graph_of_run
+from dpro.graph.decompose import Matched, decompose
+from dpro.replayer.breakdown import CATEGORIES, breakdown
+from dpro.replayer.cost import fit_alpha_beta
+from dpro.replayer.simulate import Replayer, replay
+from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.run_format import open_run
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def job_step(result) -> float:
+    return float(np.mean(list(result.step_ns.values())))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_ring_all_reduce_sends_each_chunk_around_the_ring_twice(n: int) -> None:
+    sends = schedule("all_reduce", n, "ring")
+    assert steps_of(sends) == 2 * (n - 1)
+    for step in range(2 * (n - 1)):
+        in_step = [t for t in sends if t.step == step]
+        assert sorted((t.src, t.dst) for t in in_step) == sorted((r, (r + 1) % n) for r in range(n))
+    assert sum(t.fraction for t in sends if t.src == 0) == pytest.approx(2 * (n - 1) / n)
+
+
+@pytest.mark.parametrize("n", [2, 5, 8])
+def test_other_schedules(n: int) -> None:
+    tree = schedule("all_reduce", n, "tree")
+    up = Counter(t.src for t in tree[: len(tree) // 2])
+    assert set(up) == set(range(n)) - {0} and set(up.values()) == {1}, "every non-root sends up once"
+    assert Counter(t.dst for t in tree[len(tree) // 2:]) == Counter({r: 1 for r in range(1, n)})
+    assert Counter(t.dst for t in schedule("broadcast", n, root=1)) == Counter({r: 1 for r in range(n) if r != 1})
+    assert Counter(t.src for t in schedule("reduce", n)) == Counter({r: 1 for r in range(1, n)})
+    pairs = [(t.src, t.dst) for t in schedule("all_to_all", n)]
+    assert sorted(pairs) == sorted((a, b) for a in range(n) for b in range(n) if a != b)
+    assert steps_of(schedule("_all_gather_base", n)) == steps_of(schedule("reduce_scatter", n)) == n - 1
+    assert [(t.src, t.dst) for t in schedule("send", 2)] == [(0, 1)]
+    assert schedule("all_reduce", 1) == []
+
+
+def test_nccl_algorithm_sources() -> None:
+    # No GPU here: lines in the format NCCL writes with NCCL_DEBUG_SUBSYS=TUNING (src/enqueue.cc,
+    # both the 2.19+ form naming the collective and the older numeric form).
+    found = nccl_log_algorithms([FIXTURES / "nccl" / "tuning.log"])
+    assert found == {("all_reduce", 26214400): "ring", ("all_reduce", 4096): "tree",
+                     ("all_gather", 1048576): "ring", ("*", 8388608): "ring"}
+    assert kernel_algorithm("ncclKernel_AllReduce_RING_LL_Sum_float") == "ring"
+    assert kernel_algorithm("ncclDevKernel_AllReduce_Sum_f32_TREE_LL(ncclDevKernelArgsStorage<4096ul>)") == "tree"
+    assert kernel_algorithm("ncclDevKernel_SendRecv") is None
+
+
+def test_decomposition_keeps_the_measured_end_and_waits_for_the_slowest_rank() -> None:
+    # Four ranks reach one all-reduce at 0, 10, 20 and 40 ns; it took 60 ns once all had come.
+    nodes = pd.DataFrame({"rank": [0, 1, 2, 3], "kind": "cpu", "resource": [f"r{r}/cpu/9" for r in range(4)],
+                          "name": "gloo:all_reduce", "dur_ns": [100.0, 90.0, 80.0, 60.0],
+                          "offset_ns": [0.0, 10.0, 20.0, 40.0], "coll_name": "all_reduce"})
+    edges: list = []
+    nodes, table = decompose(nodes, edges, [Matched("all_reduce", 0, {r: r for r in range(4)}, 4e6)])
+    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}),
+                          pd.DataFrame(edges, columns=["src", "dst", "lag_ns", "kind"]), step_ns={r: 1000.0 for r in range(4)})
+    sends = nodes[nodes["kind"] == "transfer"]
+    assert len(sends) == 4 * 6 and sends["bytes"].eq(1e6).all() and sends["dur_ns"].eq(10.0).all()
+    assert table.at[0, "wait_ns"] == [40.0, 30.0, 20.0, 0.0]
+    result = replay(graph, copies=1)
+    ends = result.end_ns[table.at[0, "done"]]
+    assert ends.tolist() == [100.0] * 4, "every rank leaves when the last arrival plus the transfer says"
+
+
+def test_alpha_beta_fit() -> None:
+    sizes = np.array([1e3, 1e4, 1e5, 1e6])
+    fit = fit_alpha_beta(sizes, 5_000 + sizes / 12.5)  # 5 us, 12.5 GB/s
+    assert fit.alpha_ns == pytest.approx(5_000) and fit.beta_bytes_per_ns == pytest.approx(12.5)
+    one = fit_alpha_beta(np.array([1e6, 1e6]), np.array([1e5, 1e5]))
+    assert one.alpha_ns == 0 and one.beta_bytes_per_ns == pytest.approx(10.0)
+
+
+@pytest.fixture(scope="module")
+def run_graph(recorded_run: Path) -> DataflowGraph:
+    return graph_of_run(open_run(recorded_run))
+
+
+def test_what_if_on_a_recorded_run(run_graph: DataflowGraph) -> None:
+    base = job_step(replay(run_graph))
+    assert job_step(WhatIf(run_graph).replay()) == pytest.approx(base), "no change, no difference"
+    assert job_step(WhatIf(run_graph).set_link_bandwidth(0.05).replay()) > base * 1.05
+    assert job_step(WhatIf(run_graph).set_link_bandwidth(0.05, link_class_="inter").replay()) == pytest.approx(base), \
+        "one host: no link between hosts to slow down"
+    assert job_step(WhatIf(run_graph).scale(0.5, kind="cpu").replay()) < base * 0.9
+    assert job_step(WhatIf(run_graph).scale(2.0, name=r"^aten::|^autograd::").replay()) > base * 1.1
+    reduces = run_graph.collectives[run_graph.collectives["coll"] == "all_reduce"]
+    first = reduces.iloc[0]
+    bigger = WhatIf(run_graph).set_collective_bytes("all_reduce", int(first["occurrence"]), 50 * first["bytes"])
+    assert job_step(bigger.replay()) > base
+    with pytest.raises(WhatIfError):
+        WhatIf(run_graph).set_collective_bytes("all_to_all", 0, 10)
+    if len(reduces) > 1:  # DDP's buckets fused into one all-reduce: still a valid, replayable job
+        fused = WhatIf(run_graph).fuse_buckets([sorted(reduces["occurrence"])])
+        assert job_step(fused.replay()) > 0
+        kept = np.asarray(reduces.loc[reduces["occurrence"].idxmax(), "sends"])
+        # a 2-rank ring: 4 sends of half the data each carry twice the fused bytes
+        assert fused._bytes[kept].sum() == pytest.approx(2 * reduces["bytes"].sum())
+
+
+def test_incremental_replay_matches_a_full_one(run_graph: DataflowGraph) -> None:
+    rng = np.random.default_rng(1)
+    replayer = Replayer(run_graph)
+    replayer.replay()
+    dur = run_graph.nodes["dur_ns"].to_numpy().copy()
+    for _ in range(3):
+        dur[rng.choice(len(dur), 5, replace=False)] *= rng.uniform(0.2, 3.0, 5)
+        again, fresh = replayer.replay(dur), Replayer(run_graph).replay(dur)
+        assert np.array_equal(again.start_ns, fresh.start_ns) and np.array_equal(again.cause_edge, fresh.cause_edge)
+        assert again.step_ns == fresh.step_ns
+
+
+def test_breakdown_adds_up_and_names_the_slow_rank(run_graph: DataflowGraph) -> None:
+    result = replay(run_graph)
+    for rank in (0, 1):
+        parts = breakdown(run_graph, result, rank)
+        assert sum(parts[f"{c}_ms"] for c in CATEGORIES) == pytest.approx(parts["span_ms"])
+        assert parts["compute_ms"] > 0 and parts["communication_ms"] > 0
+    slower_rank1 = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["rank"] == 1, 3.0, 1.0)
+    slowed = replay(run_graph, durations=slower_rank1)
+    assert breakdown(run_graph, slowed, 0)["waiting_ms"] > breakdown(run_graph, slowed, 1)["waiting_ms"], \
+        "rank 0 waits for the slow rank 1"
+
+
+def test_breakdown_tells_a_gpu_starved_by_its_cpu() -> None:
+    # A CPU thread launches three kernels, each launch slower than the kernel: the GPU waits.
+    nodes = pd.DataFrame({"rank": 0, "kind": ["cpu"] * 3 + ["gpu"] * 3,
+                          "resource": ["r0/cpu/1"] * 3 + ["r0/gpu/7"] * 3, "name": list("abcxyz"),
+                          "dur_ns": [100.0] * 3 + [10.0] * 3, "offset_ns": [0.0, 100.0, 200.0, 95.0, 195.0, 295.0],
+                          "coll": None, "bytes": np.nan})
+    edges = pd.DataFrame({"src": [0, 1, 0, 1, 2, 3, 4], "dst": [1, 2, 3, 4, 5, 4, 5],
+                          "lag_ns": [0, 0, -5, -5, -5, 0, 0],
+                          "kind": ["order", "order", "launch", "launch", "launch", "order", "order"]})
+    graph = DataflowGraph(nodes, edges, step_ns={0: 305.0})
+    parts = breakdown(graph, replay(graph, copies=1), 0)
+    assert parts["launch_bound_ms"] * 1e6 == pytest.approx(295.0) and parts["compute_ms"] * 1e6 == pytest.approx(10.0)
