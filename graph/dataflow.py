@@ -239,14 +239,15 @@ def _trim_idle_gaps(order: dict[int, list], edges: list[tuple[int, int, int, str
     Where an op's other input (a launch, a wait, an enqueue) became ready only after the
     previous op on its thread or stream had ended, the queue sat idle waiting for that input:
     the measured gap was waiting, and the order edge keeps only the latency from the input's
-    arrival to the op's start. Otherwise the queue was busy and the gap is its own. An input
-    that arrived while the queue was busy did not hold the op back, so its lag is cut to 0
-    (the measured one would be slack, and would bind once times shift in a what-if).
+    arrival to the op's start. Otherwise the queue was busy and the gap is its own. A
+    collective that ended while the waiting thread was still busy did not hold the op back, so
+    its wait's lag is cut to 0 (the measured one would be slack, and would bind once times
+    shift in a what-if).
     """
     ready = np.full(len(start), -np.inf)
     for e, (src, dst, lag, kind) in enumerate(edges):
         prev = order.get(dst)
-        if prev is not None and end[src] + lag <= end[prev[0]] and lag > 0:
+        if kind == "wait" and prev is not None and end[src] <= end[prev[0]] and lag > 0:
             edges[e] = (src, dst, 0, kind)
             lag = 0
         ready[dst] = max(ready[dst], end[src] + lag)
