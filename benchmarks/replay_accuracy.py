@@ -150,7 +150,7 @@ def _fusion_rows(by_name: dict[str, Case]) -> list[dict]:
         predicted = _job_ms(WhatIf(graph).fuse_buckets(groups).replay().step_ns)
         measured = _job_ms(_graph(large).step_ns)
         rows.append({"benchmark": "what-if: bucket fusion", "case": f"{arch}: 1 MB-bucket run fused to the 25 MB layout "
-                     f"({len(groups)} all-reduces) vs the 25 MB run", "metric": "step ms, |error| %", "dpro": predicted,
+                     f"({len(groups)} all-reduce{'s' * (len(groups) != 1)}) vs the 25 MB run", "metric": "step ms, |error| %", "dpro": predicted,
                      "baseline": measured, "ratio": predicted / measured, "goal": "|error| <= 5%",
                      "met": abs(predicted / measured - 1) <= 0.05})
     return rows
