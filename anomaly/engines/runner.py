@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import IO
 
 from dpro.anomaly.counters import CounterDiff, Snapshot, diff
 from dpro.anomaly.engines.base import Endpoint
@@ -53,7 +54,7 @@ class _Process:
         for t in self._readers:
             t.start()
 
-    def _read(self, stream, into: list[str], forward: bool) -> None:
+    def _read(self, stream: IO[str], into: list[str], forward: bool) -> None:
         for line in stream:
             into.append(line)
             if forward:
