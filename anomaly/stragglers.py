@@ -21,8 +21,8 @@ out in at least half of the profiled steps.
 duration over the ranks (the last to arrive waits for no one), so arrival skew is taken out.
 Instances are compared within a class (collective name, group size and, when known, the
 message size rounded to a power of two): an instance is slow when its transfer time is a
-robust outlier of its class (``z >= z_min`` on a log scale and ``min_drop`` longer than the
-median). A process group slow in at least half of its steps accuses the hosts of its ranks that
+robust outlier of its class (``z >= z_min`` on a log scale, the spread at least 1%, and
+``min_drop`` longer than the median). A process group slow in at least half of its steps accuses the hosts of its ranks that
 are in no process group of the same class found fast; when all its transfers are slow and no
 other group is comparable, nothing is there to compare against, and probes must tell.
 
@@ -163,7 +163,7 @@ def slow_transfers(traces: dict[int, TraceTables], offsets: dict[int, int] | Non
     logs = np.log(inst["transfer_ns"].clip(lower=1).astype(float))
     centre = logs.groupby(inst["class"]).transform("median")
     spread = (logs - centre).abs().groupby(inst["class"]).transform("median") * 1.4826
-    inst["z"] = (logs - centre) / spread.clip(lower=1e-3)
+    inst["z"] = (logs - centre) / spread.clip(lower=0.01)
     inst["slow"] = (inst["z"] >= z_min) & (logs - centre >= np.log1p(min_drop))
     groups = inst.groupby(["pg_name", "ranks", "class"]).agg(
         slow_steps=("step", lambda s: s[inst.loc[s.index, "slow"]].nunique()), steps=("step", "nunique"),
@@ -205,7 +205,7 @@ def step_outliers(run: Run, z_min: float = Z_MIN, min_drop: float = MIN_DROP) ->
         return job.assign(z=[], slow=[])
     logs = np.log(job["dur_ns"].clip(lower=1).astype(float))
     excess = logs - logs.median()
-    job["z"] = excess / max(1.4826 * float(np.median(np.abs(excess))), 1e-3)
+    job["z"] = excess / max(1.4826 * float(np.median(np.abs(excess))), 0.01)
     job["slow"] = (job["z"] >= z_min) & (excess >= np.log1p(min_drop))
     return job
 
@@ -218,7 +218,7 @@ def step_stragglers(run: Run, z_min: float = Z_MIN, min_drop: float = MIN_DROP) 
         return []
     steps["log"] = np.log(steps["dur_ns"].clip(lower=1).astype(float))
     steps["excess"] = steps["log"] - steps.groupby("step")["log"].transform("median")
-    spread = max(1.4826 * float(np.median(np.abs(steps["excess"]))), 1e-3)
+    spread = max(1.4826 * float(np.median(np.abs(steps["excess"]))), 0.01)
     steps["out"] = (steps["excess"] / spread >= z_min) & (steps["excess"] >= np.log1p(min_drop))
     out = []
     for rank, rows in steps.groupby("rank"):
