@@ -133,10 +133,10 @@ def _distances(n: int, u: np.ndarray, v: np.ndarray, goals: np.ndarray) -> np.nd
 def _next_hops(dist: np.ndarray, u: np.ndarray, v: np.ndarray, lid: np.ndarray) -> tuple[np.ndarray, ...]:
     """For every target and switch, the equal-cost next switches and links toward the target."""
     targets, n = dist.shape
+    order = np.lexsort((lid, u))  # edges by switch, then link id: the order of the choices
+    u, v, lid = u[order], v[order], lid[order]
     on_path = (dist[:, u] >= 1) & (dist[:, v] == dist[:, u] - 1)
-    t, e = np.nonzero(on_path)
-    order = np.lexsort((lid[e], u[e], t))  # per (target, switch), choices in link-id order
-    t, e = t[order], e[order]
+    t, e = np.nonzero(on_path)  # by target, then edge: grouped by (target, switch)
     group = t * n + u[e]
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     pos = np.arange(len(group)) - np.repeat(starts, np.diff(np.r_[starts, len(group)]))
@@ -145,8 +145,7 @@ def _next_hops(dist: np.ndarray, u: np.ndarray, v: np.ndarray, lid: np.ndarray) 
     next_link = np.full((targets, n, width), -1, np.int32)
     next_switch[t, u[e], pos] = v[e]
     next_link[t, u[e], pos] = lid[e]
-    fanout = np.zeros((targets, n), np.int32)
-    np.add.at(fanout, (t, u[e]), 1)
+    fanout = np.bincount(group, minlength=targets * n).reshape(targets, n).astype(np.int32)
     home = np.argwhere(dist == 0)  # at the target itself: stay there
     next_switch[home[:, 0], home[:, 1], 0] = home[:, 1]
     fanout[home[:, 0], home[:, 1]] = 1

@@ -41,7 +41,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ import networkx as nx
 from dpro.errors import DproError
 
 __all__ = ["TopologyError", "fat_tree", "from_spec", "host_nic", "hosts", "link_name", "parse_ibnetdiscover",
-           "paths", "read_topology"]
+           "paths", "read_topology", "validate"]
 
 KINDS = ("host", "nic", "switch")
 
@@ -97,17 +97,10 @@ def validate(topology: nx.MultiGraph) -> nx.MultiGraph:
     names = [name for _, _, name in topology.edges(data="name")]
     if None in names:
         raise TopologyError("every link needs a name")
-    duplicate = next((n for n, c in _counts(names).items() if c > 1), None)
+    duplicate = next((n for n, c in Counter(names).items() if c > 1), None)
     if duplicate is not None:
         raise TopologyError(f"two links are named {duplicate!r}")
     return topology
-
-
-def _counts(items: Iterable[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
 
 
 # --- YAML / JSON -------------------------------------------------------------------------------
@@ -223,13 +216,13 @@ def parse_ibnetdiscover(text: str) -> nx.MultiGraph:
 
 def _ib_names(nodes: dict[str, tuple[str, str]]) -> dict[str, str]:
     """Node names: descriptions where unique, else GUIDs; CAs as ``host/nic``."""
-    switch_descriptions = _counts(d for kind, d in nodes.values() if kind == "switch" and d)
+    switch_descriptions = Counter(d for kind, d in nodes.values() if kind == "switch" and d)
     nic_names = {}
     for guid, (kind, description) in nodes.items():
         if kind == "nic":
             host, _, nic = description.partition(" ")
             nic_names[guid] = f"{host}/{nic.strip() or 'nic0'}" if host else ""
-    nic_counts = _counts(nic_names.values())
+    nic_counts = Counter(nic_names.values())
     names = {}
     for guid, (kind, description) in nodes.items():
         if kind == "switch":
