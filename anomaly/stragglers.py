@@ -41,7 +41,7 @@ from dpro.run_format import Run
 
 from .suspects import Suspect
 
-__all__ = ["collective_instances", "rank_lateness", "slow_transfers", "step_outliers", "step_stragglers",
+__all__ = ["collective_instances", "collective_stats", "rank_lateness", "slow_transfers", "step_outliers", "step_stragglers",
            "stragglers"]
 
 Z_MIN = 4.0
@@ -107,6 +107,17 @@ def rank_lateness(instances: pd.DataFrame) -> pd.DataFrame:
     return per.reset_index()
 
 
+def collective_stats(instances: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective instance: its key, ``ranks`` (tuple), ``skew_ns`` (last arrival
+    after the first), ``last_rank`` (the one everyone waited for), ``transfer_ns`` (shortest
+    duration over the ranks), ``nbytes`` and ``group_size``."""
+    df = instances.sort_values("start_ns", kind="stable")
+    return df.groupby(KEY, as_index=False).agg(
+        ranks=("rank", lambda r: tuple(sorted(r))), skew_ns=("start_ns", lambda a: a.max() - a.min()),
+        last_rank=("rank", "last"), transfer_ns=("dur_ns", "min"), nbytes=("nbytes", "max"),
+        group_size=("group_size", "first"))
+
+
 def stragglers(traces: dict[int, TraceTables], offsets: dict[int, int] | None = None,
                hosts: dict[int, str | None] | None = None, z_min: float = Z_MIN,
                min_share: float = MIN_SHARE) -> list[Suspect]:
@@ -155,9 +166,7 @@ def slow_transfers(traces: dict[int, TraceTables], offsets: dict[int, int] | Non
     if instances.empty:
         return []
     hosts = hosts or {}
-    inst = instances.groupby(KEY, as_index=False).agg(
-        transfer_ns=("dur_ns", "min"), nbytes=("nbytes", "max"), group_size=("group_size", "first"),
-        ranks=("rank", lambda r: tuple(sorted(r))))
+    inst = collective_stats(instances)
     size_class = np.where(inst["nbytes"] > 0, np.round(np.log2(inst["nbytes"].where(inst["nbytes"] > 0))), -1)
     inst["class"] = list(zip(inst["coll_name"], inst["group_size"], size_class))
     logs = np.log(inst["transfer_ns"].clip(lower=1).astype(float))

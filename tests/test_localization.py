@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from dpro.anomaly.commands import diagnose as diagnose_command
 from dpro.anomaly.probes import Probes, analyze, from_matrix, round_robin
 from dpro.anomaly.routing import Routing
-from dpro.anomaly.stragglers import collective_instances, slow_transfers, stragglers
+from dpro.anomaly.stragglers import collective_instances, collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import diagnose, to_json
 from dpro.anomaly.tomography import components, localize
 from dpro.anomaly.topology import TopologyError, fat_tree, hosts, paths, read_topology
@@ -211,6 +211,10 @@ def test_a_late_rank_is_a_compute_straggler(tmp_path: Path) -> None:
     traces = collective_traces(tmp_path, 4, late={2: 10_000})
     instances = collective_instances(traces)
     assert len(instances) == 4 * 5 * 3 and set(instances["coll_name"]) == {"all_reduce"}
+    stats = collective_stats(instances)
+    assert len(stats) == 5 * 3 and (stats["last_rank"] == 2).all()
+    assert stats["skew_ns"].median() == pytest.approx(10e6, rel=0.05)
+    assert stats["transfer_ns"].median() == pytest.approx(TRANSFER_US * 1000, rel=0.05)
     hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
     [suspect] = stragglers(traces, hosts=hosts)
     assert (suspect.kind, suspect.rank, suspect.host) == ("rank", 2, "b")
