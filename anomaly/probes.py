@@ -165,16 +165,27 @@ def host_scores(probes: Probes) -> pd.DataFrame:
 
 def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> list[Suspect]:
     """Suspect hosts (row and column slow) and paths (slow probes no suspect host explains),
-    most likely first; empty when nothing stands out."""
-    scores = host_scores(probes)
-    score = np.fmin(scores["row_z"], scores["col_z"]).fillna(0).to_numpy()
-    bad = (score >= z_min) & (np.fmin(scores["row_drop"], scores["col_drop"]).fillna(0).to_numpy() >= min_drop)
-    suspects = [Suspect("host", probes.hosts[h], float(score[h]), host=probes.hosts[h], evidence={
-        "row_median_z": round(float(scores.at[h, "row_z"]), 2), "col_median_z": round(float(scores.at[h, "col_z"]), 2),
-        "row_drop": round(float(scores.at[h, "row_drop"]), 3), "col_drop": round(float(scores.at[h, "col_drop"]), 3),
-        "probes": int(scores.at[h, "row_n"] + scores.at[h, "col_n"])}) for h in np.flatnonzero(bad)]
-    _, z = z_scores(probes)
-    unexplained = slow(probes, z_min, min_drop) & ~bad[probes.src] & ~bad[probes.dst]
+    most likely first; empty when nothing stands out.
+
+    Hosts are peeled one at a time: the baseline is the probes between hosts not yet
+    suspected, so that in a small cluster, where one bad host touches a large share of the
+    probes (half of them with four hosts), its own probes do not drag the baseline down.
+    """
+    suspects, bad = [], np.zeros(len(probes.hosts), bool)
+    logs = np.log(probes.value) * (1 if probes.higher_is_better else -1)  # higher is better
+    while True:
+        found = _worst_host(probes, logs, bad)
+        if found is None:
+            break
+        h, score, evidence = found
+        if score < z_min or min(evidence["row_drop"], evidence["col_drop"]) < min_drop:
+            break
+        bad[h] = True
+        suspects.append(Suspect("host", probes.hosts[h], score, host=probes.hosts[h], evidence=evidence))
+    baseline = ~bad[probes.src] & ~bad[probes.dst]
+    z = _z_against(logs, baseline)
+    shortfall = np.median(logs[baseline]) - logs if baseline.any() else np.zeros(len(logs))
+    unexplained = (z >= z_min) & (shortfall >= -np.log1p(-min_drop)) & baseline
     paths: dict[tuple[int, int], list[float]] = {}
     for s, d, v in zip(probes.src[unexplained], probes.dst[unexplained], z[unexplained]):
         paths.setdefault((min(s, d), max(s, d)), []).append(float(v))
@@ -183,3 +194,52 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) ->
         suspects.append(Suspect("path", name, float(np.median(values)),
                                 evidence={"slow_directions": len(values), "median_z": round(float(np.median(values)), 2)}))
     return sorted(suspects, key=lambda s: -s.score)
+
+
+def _z_against(logs: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+    """Each probe's shortfall below the baseline probes' median, in units of their noise."""
+    if not baseline.any():
+        return np.zeros(len(logs))
+    reference = logs[baseline]
+    noise = 1.4826 * np.median(np.abs(reference - np.median(reference)))
+    return (np.median(reference) - logs) / max(noise, 1e-9)
+
+
+LEAVE_ONE_OUT_HOSTS = 64  # up to this many hosts, each host is judged against the probes it is not in
+FEW_PROBES = 8  # fewer baseline probes than this: no noise estimate, a host must be separated from all
+
+
+def _worst_host(probes: Probes, logs: np.ndarray, bad: np.ndarray) -> tuple[int, float, dict] | None:
+    """The host, not yet suspected, whose row and column fall furthest below the probes among
+    unsuspected hosts: (host, score = the smaller of its row's and column's median z, evidence).
+    In clusters of up to :data:`LEAVE_ONE_OUT_HOSTS` hosts, each host's baseline leaves its own
+    probes out (one host is a large share of them); in larger ones it makes no difference. With
+    fewer than :data:`FEW_PROBES` baseline probes (a ring of four hosts), their spread says
+    nothing of the noise: the host's probes must all fall below the slowest of them, and the
+    score is that gap scaled so that a gap of ``MIN_DROP`` scores ``Z_MIN``."""
+    clean = ~bad[probes.src] & ~bad[probes.dst]
+    n = len(bad)
+    candidates = [h for h in range(n) if not bad[h]]
+    best: tuple[int, float, dict] | None = None
+    for group in ([[h] for h in candidates] if n <= LEAVE_ONE_OUT_HOSTS else [candidates]):
+        baseline = clean & ~np.isin(probes.src, group) & ~np.isin(probes.dst, group) if len(group) == 1 else clean
+        if not baseline.any():
+            continue
+        z = _z_against(logs, baseline)
+        drop = -np.expm1(-(np.median(logs[baseline]) - logs))
+        few = baseline.sum() < FEW_PROBES
+        for h in group:
+            row, col = (probes.src == h) & clean, (probes.dst == h) & clean
+            if not row.any() or not col.any():
+                continue
+            if few:  # too few probes to estimate their noise: the host must fall below all of them
+                gap = logs[baseline].min() - max(logs[row].max(), logs[col].max())
+                score = float(Z_MIN * gap / -np.log1p(-MIN_DROP))
+            else:
+                score = float(min(np.median(z[row]), np.median(z[col])))
+            if best is None or score > best[1]:
+                best = (h, score, {
+                    "row_median_z": round(float(np.median(z[row])), 2), "col_median_z": round(float(np.median(z[col])), 2),
+                    "row_drop": round(float(np.median(drop[row])), 3), "col_drop": round(float(np.median(drop[col])), 3),
+                    "probes": int(row.sum() + col.sum())})
+    return best

@@ -48,7 +48,8 @@ def diagnose(run: Any = None, probe_matrix: Any = None, topology: Any = None) ->
     """Suspects from every source given, most likely first; empty when nothing stands out.
 
     ``run``: a run directory (path or :class:`dpro.run_format.Run`): compute stragglers and slow
-    transfers from its traces, ranks with slow steps from its step times. ``probe_matrix``:
+    transfers from its traces, ranks with slow steps from its step times, hosts whose share of
+    the job's own TCP traffic was slow (:mod:`dpro.anomaly.connections`). ``probe_matrix``:
     pairwise probes (:class:`dpro.anomaly.probes.Probes`, an ``n × n`` bandwidth matrix whose
     hosts are the topology's, or a file for :func:`dpro.anomaly.probes.read_probes`).
     ``topology``: a graph or a file for :func:`dpro.anomaly.topology.read_topology`; with
@@ -62,6 +63,7 @@ def diagnose(run: Any = None, probe_matrix: Any = None, topology: Any = None) ->
     from dpro.run_format import Run, open_run
 
     from . import probes as probe_analysis
+    from .connections import connection_suspects
     from . import stragglers, tomography
     from .topology import hosts as topology_hosts
     from .topology import read_topology
@@ -76,6 +78,7 @@ def diagnose(run: Any = None, probe_matrix: Any = None, topology: Any = None) ->
             suspects += stragglers.stragglers(traces, offsets, rank_hosts)
             suspects += stragglers.slow_transfers(traces, offsets, rank_hosts)
         suspects += stragglers.step_stragglers(run)
+        suspects += connection_suspects(run)
     if topology is not None and not isinstance(topology, nx.Graph):
         topology = read_topology(topology)
     if probe_matrix is not None:

@@ -24,6 +24,7 @@ from dpro.run_format import (RunFormatError, create_manifest, is_run_dir, new_ma
                              write_json_atomic)
 
 from . import hooks, nic
+from .connections import ConnectionSampler
 from .gpu import GpuSampler
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -150,6 +151,8 @@ def record(command: list[str], opts: RecordOptions) -> int:
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     sampler = GpuSampler(node_dir / "gpu-samples.csv", opts.gpu_interval_s)
     node["collectors"]["gpu"] = sampler.start()
+    connections = ConnectionSampler(node_dir / "connections.csv", child.pid)
+    node["collectors"]["connections"] = connections.start()
     try:
         status = child.wait()
     finally:
@@ -157,12 +160,15 @@ def record(command: list[str], opts: RecordOptions) -> int:
             signal.signal(s, handler)
         _give_terminal(tty)
         sampler.stop()
+        connections.stop()
     nic_end = nic.snapshot(opts.sysfs_root)
     write_json_atomic(node_dir / "nic-end.json", nic_end)
     node["collectors"]["nic"] = _nic_note(nic_end)
     node["collectors"]["nccl"] += _nccl_logs_note(opts.output / "nccl")
     if sampler.error:
         node["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
+    if connections.error:
+        node["collectors"]["connections"] += f"; stopped early: {connections.error}"
     node.update(ended_ns=time.time_ns(), exit_code=status if status >= 0 else None,
                 signal=signal.Signals(-status).name if status < 0 else None)
     write_json_atomic(node_dir / "node.json", node)

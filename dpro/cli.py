@@ -263,5 +263,13 @@ def critical_path_command(run_dir: Path, rank: int | None, as_json: bool) -> Non
         click.echo(f"  {c.replace('_', ' '):<14} {parts[c + '_ms']:9.2f} ms  {100 * parts[c + '_ms'] / parts['span_ms']:5.1f}%")
 
 
+def _register_anomaly_commands() -> None:
+    from dpro.anomaly.commands import diagnose
+
+    main.add_command(diagnose)
+
+
+_register_anomaly_commands()
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,116 @@
+"""A background sampler of the job's TCP connections (``ss -tinH``), per node.
+
+Gloo, NCCL's socket transport and the rendezvous store talk over TCP; the kernel keeps, per
+connection, the bytes acknowledged, the time spent with data in flight (``busy``), the RTT and
+retransmissions. Sampled every ``interval_s`` in the ``dpro record`` process (the job pays
+nothing) and appended to a CSV as they come, they give each connection's sending rate while it
+was busy: the per-connection statistics C4 localizes slow NICs and links from.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+COLUMNS = ("time_ns", "pid", "local", "peer", "bytes_acked", "bytes_received", "busy_ms", "rtt_ms",
+           "min_rtt_ms", "delivery_rate_bps", "retrans_total")
+
+# "[State] Recv-Q Send-Q Local Peer [users:((...))]" (no state column when ss filters by state)
+_SOCKET = re.compile(r"^(?:[A-Z][A-Z-]*\s+)?\d+\s+\d+\s+(?P<local>\S+)\s+(?P<peer>\S+)(?:\s+users:\(\((?P<users>.*)\)\))?")
+_PIDS = re.compile(r"pid=(\d+)")
+_FIELDS = {
+    "bytes_acked": re.compile(r"\bbytes_acked:(\d+)"), "bytes_received": re.compile(r"\bbytes_received:(\d+)"),
+    "busy_ms": re.compile(r"\bbusy:(\d+)ms"), "rtt_ms": re.compile(r"\brtt:([\d.]+)/"),
+    "min_rtt_ms": re.compile(r"\bminrtt:([\d.]+)"), "delivery_rate_bps": re.compile(r"\bdelivery_rate (\d+)bps"),
+    "retrans_total": re.compile(r"\bretrans:\d+/(\d+)"),
+}
+
+
+def parse_ss(text: str) -> list[dict[str, str]]:
+    """Sockets of ``ss -tinpH`` output (a socket line, then its indented info line), each with
+    ``local``, ``peer``, ``pids`` and the :data:`COLUMNS` found in its info ("" if absent)."""
+    out: list[dict[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():
+            m = _SOCKET.match(line)
+            if m:
+                out.append({"local": m["local"], "peer": m["peer"], "pids": " ".join(_PIDS.findall(m["users"] or ""))})
+        elif out:
+            for name, pattern in _FIELDS.items():
+                found = pattern.search(line)
+                out[-1][name] = found.group(1) if found else ""
+    return out
+
+
+class ConnectionSampler:
+    """Samples the TCP connections of process ``root`` (the job) and its descendants (torchrun
+    starts its workers in sessions of their own)."""
+
+    def __init__(self, path: Path, root: int, interval_s: float = 0.5) -> None:
+        self.path, self.root, self.interval_s = path, root, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def start(self) -> str:
+        """Start sampling; a one-line note of what is sampled, or why nothing is."""
+        if shutil.which("ss") is None:
+            return "not sampled: ss (iproute2) not found"
+        self._thread = threading.Thread(target=self._run, name="dpro-connection-sampler", daemon=True)
+        self._thread.start()
+        return f"the job's TCP connections sampled every {self.interval_s * 1000:.0f} ms (ss)"
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with open(self.path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(COLUMNS)
+            try:
+                while not self._stop.is_set():
+                    self._sample(writer)
+                    f.flush()
+                    self._stop.wait(self.interval_s)
+            except Exception as e:  # a failing sampler is a note, never the job's problem
+                self.error = f"{type(e).__name__}: {e}"
+
+    def _sample(self, writer: csv.writer) -> None:
+        now = time.time_ns()
+        text = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True,
+                              timeout=10).stdout
+        job = descendants(self.root)
+        for sock in parse_ss(text):
+            pid = next((p for p in sock["pids"].split() if int(p) in job), None)
+            if pid is not None:
+                writer.writerow([now, pid, sock["local"], sock["peer"], *(sock.get(c, "") for c in COLUMNS[4:])])
+
+
+def descendants(root: int, proc: Path = Path("/proc")) -> set[int]:
+    """``root`` and every process below it, from the parent ids in ``/proc/<pid>/stat``."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])  # after "pid (comm) state"
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -1,0 +1,106 @@
+"""The job's TCP connections: ``ss`` parsing, the sampler inside ``dpro record``, and the
+host-to-host matrix diagnosed from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpro.anomaly.connections import connection_matrix, connection_rates, connection_suspects
+from dpro.anomaly.probes import analyze, from_matrix
+from dpro.collectors.connections import COLUMNS, descendants, parse_ss
+from dpro.run_format import open_run
+
+from .conftest import assert_one_line_error, dpro
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ss"
+
+
+@pytest.mark.parametrize("name", ["established.txt", "all-states.txt"])
+def test_parse_ss_output_captured_on_this_machine(name: str) -> None:
+    # Captured with `ss -tinpH [state established]` during a 6.5 MB loopback transfer; ss omits
+    # the state column when it filters by state.
+    sockets = parse_ss((FIXTURES / name).read_text())
+    assert len(sockets) == 2
+    sender = next(s for s in sockets if s["bytes_acked"])
+    assert int(sender["bytes_acked"]) >= 6553600 and sender["local"].startswith("127.0.0.1:")
+    assert sender["pids"].isdigit() and float(sender["rtt_ms"]) > 0 and int(sender["delivery_rate_bps"]) > 0
+    receiver = next(s for s in sockets if not s["bytes_acked"])
+    assert int(receiver["bytes_received"]) >= 6553600
+
+
+def test_descendants_of_a_process_tree() -> None:
+    import os
+    import subprocess
+
+    child = subprocess.Popen(["sh", "-c", "sleep 5 & wait"])
+    try:
+        import time
+
+        deadline = time.monotonic() + 5
+        while len(found := descendants(os.getpid())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {os.getpid(), child.pid} < found
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_record_samples_the_jobs_connections(recorded_run: Path) -> None:
+    node = next((recorded_run / "nodes").iterdir())
+    assert "sampled" in json.loads((node / "node.json").read_text())["collectors"]["connections"]
+    lines = (node / "connections.csv").read_text().splitlines()
+    assert lines[0].split(",") == list(COLUMNS)
+    assert len(lines) > 1, "gloo's connections between the two ranks were seen"
+    assert connection_suspects(open_run(recorded_run)) == [], "one host: no network connection to judge"
+    out = dpro("diagnose", recorded_run)
+    assert out.returncode == 0 and "nothing stands out" in out.stdout
+
+
+def write_node(run: Path, host: str, ip: str, peers: dict[str, float], pid: int) -> None:
+    """A node directory with connection samples: 64 MB sent to each peer at ``rate`` Mb/s."""
+    node = run / "nodes" / f"{host}-{pid}"
+    node.mkdir(parents=True)
+    (node / "node.json").write_text(json.dumps({"host": host}))
+    rows = [",".join(COLUMNS)]
+    for i, (peer, rate_mbps) in enumerate(peers.items()):
+        busy = 64 * 8 * (1 << 20) / (rate_mbps * 1e6) * 1e3
+        for t, acked, busy_ms in ((0, 1000, 10), (1, 1000 + 64 * (1 << 20), 10 + busy)):
+            rows.append(f"{t},{pid},{ip}:{40000 + i},{peer}:29500,{acked},0,{busy_ms:.0f},0.1,0.05,1000,0")
+    (node / "connections.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_a_slow_host_in_a_ring_of_connections(tmp_path: Path) -> None:
+    # A ring h0 -> h1 -> h2 -> h3 -> h0 as gloo lays it out; h2's link runs at 40 Mb/s.
+    ips = {f"h{i}": f"10.0.0.{i + 1}" for i in range(4)}
+    rates = {"h0": 900.0, "h1": 40.0, "h2": 40.0, "h3": 700.0}  # h1 -> h2 and h2 -> h3 cross h2's link
+    for i, host in enumerate(ips):
+        nxt = f"h{(i + 1) % 4}"
+        write_node(tmp_path, host, ips[host], {ips[nxt]: rates[host]}, 100 + i)
+    (tmp_path / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.0"}))
+    table = connection_rates(open_run(tmp_path))
+    assert len(table) == 4 and table["rate_bps"].min() == pytest.approx(40e6, rel=0.01)
+    matrix = connection_matrix(table)
+    assert matrix is not None and matrix.hosts == list(ips)
+    suspects = connection_suspects(open_run(tmp_path))
+    assert [s.host for s in suspects] == ["h2"] and suspects[0].evidence["source"] == "the job's TCP connections"
+
+
+def test_small_matrices_need_a_clear_separation() -> None:
+    names = ["a", "b", "c", "d"]
+    ring = np.full((4, 4), np.nan)
+    ring[0, 1], ring[1, 2], ring[2, 3], ring[3, 0] = 900, 880, 860, 910  # healthy, a little noise
+    assert analyze(from_matrix(ring, names)) == []
+    ring[1, 2], ring[2, 3] = 500, 520  # c is slower than every other link, by 40 %
+    assert [s.host for s in analyze(from_matrix(ring, names))] == ["c"]
+
+
+def test_diagnose_rejects_bad_input(tmp_path: Path) -> None:
+    assert dpro("diagnose", tmp_path / "missing").returncode != 0
+    (tmp_path / "bad.json").write_text("{}")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.0"}))
+    assert_one_line_error(dpro("diagnose", tmp_path / "run", "--probes", tmp_path / "bad.json"), "expected keys")
