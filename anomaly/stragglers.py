@@ -8,13 +8,14 @@ are aligned with the ranks' clock offsets.
 
 **Compute stragglers** (:func:`stragglers`). In a collective everyone waits for the last rank
 to arrive: the late rank arrives after the others and its own collective is short, since it
-waits for no one. For every rank and step, ``late`` is the median (over the step's collectives)
-of its arrival after the median arrival, ``short`` the median of how much shorter its
-collective is than the median one; the evidence is the smaller of the two, so both must agree
-(``short`` does not depend on clock alignment). A rank stands out in a step when that evidence
-is a robust outlier against the other ranks (``z >= z_min``, the centre and spread being the
-median and 1.4826 × MAD of the other ranks, the spread at least the ranks' own jitter between
-collectives) and it costs at least ``min_share`` of the step. It is a suspect when it stands
+waits for no one. For every rank and step, ``late`` is the most (over the step's collectives:
+a straggler is late where its slow part ends, not at every collective) it arrived after the
+others' median arrival, ``short`` the most its collective was shorter than the others'; the
+evidence is the smaller of the two, so both must agree (``short`` does not depend on clock
+alignment). A rank stands out in a step when that evidence is a robust outlier against the
+other ranks (``z >= z_min``, the centre and spread being the median and 1.4826 × MAD of the
+other ranks, the spread at least the rank's own variation across steps) and it costs at least
+``min_share`` of the step. It is a suspect when it stands
 out in at least half of the profiled steps.
 
 **Slow transfers** (:func:`slow_transfers`). An instance's transfer time is its shortest
@@ -92,19 +93,28 @@ def _work_events(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def rank_lateness(instances: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step: ``late_ns`` (median arrival after the median arrival), ``short_ns``
-    (median shortfall of its duration against the median duration), ``evidence_ns`` (the
-    smaller) and ``jitter_ns`` (1.4826 × MAD of its arrivals after the median, between the
-    step's collectives)."""
+    """Per rank and step: ``late_ns`` (the most, over the step's collectives, it arrived after
+    the median arrival of the others), ``short_ns`` (the most its collective was shorter than
+    the others' median), ``evidence_ns`` (the smaller) and ``jitter_ns`` (1.4826 × MAD of its
+    ``evidence_ns`` across the steps: how steady it is)."""
     df = instances.copy()
-    by = df.groupby(KEY)
-    df["late_ns"] = df["start_ns"] - by["start_ns"].transform("median")
-    df["short_ns"] = by["dur_ns"].transform("median") - df["dur_ns"]
-    per = df.groupby(["rank", "step"]).agg(late_ns=("late_ns", "median"), short_ns=("short_ns", "median"),
+    df["late_ns"], df["short_ns"] = _against_others(df, "start_ns"), -_against_others(df, "dur_ns")
+    per = df.groupby(["rank", "step"]).agg(late_ns=("late_ns", "max"), short_ns=("short_ns", "max"),
                                            collectives=("late_ns", "size"))
-    per["jitter_ns"] = df.groupby(["rank", "step"])["late_ns"].agg(lambda x: 1.4826 * np.median(np.abs(x - x.median())))
     per["evidence_ns"] = per[["late_ns", "short_ns"]].min(axis=1)
+    per["jitter_ns"] = per.groupby("rank")["evidence_ns"].transform(lambda x: 1.4826 * np.median(np.abs(x - x.median())))
     return per.reset_index()
+
+
+def _against_others(df: pd.DataFrame, column: str) -> pd.Series:
+    """Each rank's ``column`` minus the median of the other ranks' in the same instance."""
+    out = pd.Series(np.nan, index=df.index)
+    for _, rows in df.groupby(KEY):
+        values = rows[column].to_numpy(np.float64)
+        for i, label in enumerate(rows.index):
+            others = np.delete(values, i)
+            out[label] = values[i] - np.median(others) if others.size else 0.0
+    return out
 
 
 def collective_stats(instances: pd.DataFrame) -> pd.DataFrame:

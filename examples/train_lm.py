@@ -125,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slow-rank", type=int, help="make this rank a straggler (extra compute every step)")
+    p.add_argument("--slow-ms", type=float, default=30.0, help="the straggler's extra compute per step, in ms")
     p.add_argument("--step-times", help="write each step's end time (ns) to this file + '.<rank>'")
     p.add_argument("--torch-profiler", metavar="DIR",
                    help="profile with a bare torch.profiler (skip 10, warm-up 2, 5 steps) into DIR")
@@ -143,6 +145,17 @@ def bare_profiler(trace_dir: str, window: str, rank: int, cuda: bool) -> torch.p
     return torch.profiler.profile(
         activities=activities, record_shapes=True, on_trace_ready=save,
         schedule=torch.profiler.schedule(skip_first=skip, wait=0, warmup=warmup, active=steps, repeat=1))
+
+
+def busy_compute(ms: float, device: torch.device) -> None:
+    """Matrix products for ``ms`` milliseconds: a rank made slow as a throttled GPU or a busy
+    host would make it."""
+    a = torch.randn(128, 128, device=device)
+    deadline = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < deadline:
+        a = torch.tanh(a @ a)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         batch = synthetic_batch(gen, args.batch_size, args.seq_len, args.vocab).to(device)
         logits = ddp(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), batch[:, 1:].reshape(-1))
+        if rank == args.slow_rank:
+            busy_compute(args.slow_ms, device)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

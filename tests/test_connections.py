@@ -56,8 +56,6 @@ def test_record_samples_the_jobs_connections(recorded_run: Path) -> None:
     assert lines[0].split(",") == list(COLUMNS)
     assert len(lines) > 1, "gloo's connections between the two ranks were seen"
     assert connection_suspects(open_run(recorded_run)) == [], "one host: no network connection to judge"
-    out = dpro("diagnose", recorded_run)
-    assert out.returncode == 0 and "nothing stands out" in out.stdout
 
 
 def write_node(run: Path, host: str, ip: str, peers: dict[str, float], pid: int) -> None:
