@@ -12,7 +12,8 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy")
+BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
+              "benchmarks.localization")
 
 
 def format_table(rows: list[dict]) -> str:

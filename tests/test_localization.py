@@ -1,0 +1,280 @@
+"""Fault localization: topologies, probe schedules and matrices, tomography, stragglers, suspects."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dpro.anomaly.commands import diagnose as diagnose_command
+from dpro.anomaly.probes import Probes, analyze, from_matrix, round_robin
+from dpro.anomaly.routing import Routing
+from dpro.anomaly.stragglers import collective_instances, collective_stats, slow_transfers, stragglers
+from dpro.anomaly.suspects import diagnose, to_json
+from dpro.anomaly.tomography import components, localize
+from dpro.anomaly.topology import TopologyError, fat_tree, hosts, paths, read_topology
+from dpro.graph.kineto import load_trace
+from dpro.run_format import create_manifest, new_manifest, write_json_atomic
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trace caches go to a temporary folder, never to ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+# --- topologies --------------------------------------------------------------------------------
+
+YAML = """
+switches: [leaf0, leaf1, spine0]
+hosts:
+  node0: [mlx5_0]
+  node1: []
+links:
+  - [node0/mlx5_0, leaf0]
+  - [node1, leaf1]
+  - {a: leaf0, b: spine0, a_port: 17, b_port: 1, name: l0-s0}
+  - [leaf1, spine0]
+"""
+
+
+def test_yaml_topology(tmp_path: Path) -> None:
+    path = tmp_path / "fabric.yaml"
+    path.write_text(YAML)
+    g = read_topology(path)
+    assert dict(g.nodes(data="kind")) == {"leaf0": "switch", "leaf1": "switch", "spine0": "switch", "node0": "host",
+                                          "node0/mlx5_0": "nic", "node1": "host", "node1/nic0": "nic"}
+    assert sorted(n for _, _, n in g.edges(data="name")) == [
+        "l0-s0", "leaf1--spine0", "node0--node0/mlx5_0", "node0/mlx5_0--leaf0", "node1--node1/nic0",
+        "node1/nic0--leaf1"]
+    assert g.get_edge_data("leaf0", "spine0")[0]["ports"] == {"leaf0": 17, "spine0": 1}
+    assert paths(g, "node0", "node1") == [["node0--node0/mlx5_0", "node0/mlx5_0--leaf0", "l0-s0", "leaf1--spine0",
+                                           "node1/nic0--leaf1", "node1--node1/nic0"]]
+    path.write_text(json.dumps({"switches": ["s"], "hosts": {"a": []}, "links": [["a", "t"]]}))
+    with pytest.raises(TopologyError, match="'t' is no switch"):
+        read_topology(path)
+
+
+def test_ibnetdiscover_fixture() -> None:
+    g = read_topology(FIXTURES / "ibnetdiscover-leaf-spine.txt")
+    assert hosts(g) == ["node01", "node02", "node03", "node04"]
+    switches = sorted(n for n, kind in g.nodes(data="kind") if kind == "switch")
+    assert switches == [f"MF0;{s}:MQM8700/U1" for s in ("leaf1", "leaf2", "spine1", "spine2")]
+    leaf1, spine1 = "MF0;leaf1:MQM8700/U1", "MF0;spine1:MQM8700/U1"
+    cables = g.get_edge_data(leaf1, spine1)
+    assert sorted((d["ports"][leaf1], d["ports"][spine1]) for d in cables.values()) == [(19, 1), (21, 3)]
+    assert g.number_of_edges() == 4 + 4 + 5  # host--NIC, NIC--leaf, leaf--spine (each cable listed twice in the file)
+    every = paths(g, "node01", "node03")
+    assert len(every) == 3, "two spines, one of them over two parallel cables"
+    assert paths(g, "node01", "node03", ecmp="hash")[0] in every
+    assert len(paths(g, "node01", "node02")[0]) == 4, "same leaf: access links only"
+
+
+@pytest.mark.parametrize("n,levels", [(128, 2), (1000, 3), (4096, 3)])
+def test_fat_tree(n: int, levels: int) -> None:
+    g = fat_tree(n)
+    assert len(hosts(g)) == n
+    switches = [s for s, kind in g.nodes(data="kind") if kind == "switch"]
+    assert max(g.degree(s) for s in switches) <= 32
+    routing = Routing.build(g)
+    assert routing.max_hops == 2 * (levels - 1)
+    rng = np.random.default_rng(0)
+    for a, b in rng.choice(hosts(g), (5, 2), replace=False):
+        assert paths(g, a, b, ecmp="hash")[0] in paths(g, a, b)
+
+
+# --- probes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [2, 5, 8, 9, 16, 33])
+def test_round_robin_meets_every_pair_once(n: int) -> None:
+    rounds = round_robin(n)
+    assert rounds.shape[0] == (n - 1 if n % 2 == 0 else n) and rounds.shape[1] == n // 2
+    for pairs in rounds:
+        assert len(set(pairs.ravel().tolist())) == pairs.size, "a host is in one pair per round"
+    met = [tuple(sorted(p)) for p in rounds.reshape(-1, 2).tolist()]
+    assert len(met) == len(set(met)) == n * (n - 1) // 2
+
+
+def noisy_matrix(n: int, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    matrix = 100 * rng.lognormal(0, 0.03, (n, n))
+    np.fill_diagonal(matrix, np.nan)
+    return matrix
+
+
+def test_matrix_analysis_names_a_bad_host_and_a_bad_path() -> None:
+    matrix = noisy_matrix(16)
+    matrix[5, :] *= 0.4
+    matrix[:, 5] *= 0.4
+    matrix[2, 9] *= 0.5
+    names = [f"n{i}" for i in range(16)]
+    suspects = analyze(from_matrix(matrix, names))
+    assert [(s.kind, s.name) for s in suspects] == [("host", "n5"), ("path", "n2<->n9")]
+    assert suspects[0].evidence["row_drop"] == pytest.approx(0.6, abs=0.05)
+    latency = analyze(from_matrix(1 / matrix, names, higher_is_better=False))
+    assert [(s.kind, s.name) for s in latency] == [("host", "n5"), ("path", "n2<->n9")]
+
+
+def test_matrix_analysis_is_empty_when_nothing_stands_out() -> None:
+    assert analyze(from_matrix(noisy_matrix(32))) == []
+
+
+def simulate(topology, slow: dict[str, float], flapping: dict[str, float] | None = None,
+             seed: int = 0) -> tuple[Probes, Routing]:
+    """Every round of probes, both ways; named links or NICs give that share of bandwidth (a
+    flapping link in a random 40% of the rounds)."""
+    rng = np.random.default_rng(seed)
+    routing = Routing.build(topology)
+    rounds = round_robin(len(routing.hosts))
+    number = np.repeat(np.arange(len(rounds)), rounds.shape[1])
+    a, b = rounds[..., 0].ravel(), rounds[..., 1].ravel()
+    src, dst, number = np.r_[a, b], np.r_[b, a], np.r_[number, number]
+    comp = components(routing, src, dst)
+    share = np.ones(len(src))
+    bad_rounds = rng.random(len(rounds)) < 0.4
+    for name, factor in {**slow, **(flapping or {})}.items():
+        c = routing.nics.index(name) if name in routing.nics else len(routing.hosts) + routing.links.index(name)
+        through = (comp == c).any(axis=1) & (bad_rounds[number] if name in (flapping or {}) else True)
+        share[through] = np.minimum(share[through], factor)
+    return Probes(routing.hosts, src, dst, number, 100 * share * rng.lognormal(0, 0.03, len(src))), routing
+
+
+def test_tomography_names_an_injected_link_and_nic() -> None:
+    g = fat_tree(64, radix=8)  # three levels
+    link = next(n for u, v, n in g.edges(data="name") if {u.split(".")[0], v.split(".")[0]} == {"agg1", "core0"})
+    probes, routing = simulate(g, {link: 0.5, "h37/nic0": 0.3})
+    suspects = localize(g, probes, routing=routing)
+    assert {(s.kind, s.name, s.host) for s in suspects} == {("link", link, None), ("nic", "h37/nic0", "h37")}
+    assert all(s.evidence["confidence"] > 0.9 for s in suspects)
+    assert localize(g, simulate(g, {})[0]) == []
+
+
+def test_tomography_names_a_flapping_link() -> None:
+    g = fat_tree(128)
+    link = next(n for u, v, n in g.edges(data="name") if {u, v} == {"leaf3", "spine5"})
+    probes, routing = simulate(g, {}, flapping={link: 0.4})
+    [suspect] = localize(g, probes, routing=routing)
+    assert suspect.name == link and suspect.evidence["confidence"] > 0.9
+    assert 0.2 < suspect.evidence["slow_rounds"] / suspect.evidence["rounds"] < 0.6
+
+
+def test_tomography_prefers_a_switch_whose_links_are_all_slow() -> None:
+    g = fat_tree(128)
+    links = [n for u, v, n in g.edges(data="name") if "spine2" in (u, v)]
+    probes, routing = simulate(g, dict.fromkeys(links, 0.5))
+    assert [(s.kind, s.name) for s in localize(g, probes, routing=routing)] == [("switch", "spine2")]
+
+
+# --- stragglers --------------------------------------------------------------------------------
+
+STEP_US, TRANSFER_US = 100_000, 2_000
+
+
+def collective_trace(path: Path, rank: int, arrivals: dict, ends: dict, pg: dict[int, str] | None = None) -> Path:
+    """A Kineto trace of 5 steps, each with 3 gloo all-reduces on a communication thread."""
+    events = []
+    for step in range(1, 6):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": step * STEP_US, "dur": STEP_US - 10})
+        for k in range(3):
+            a, end = arrivals[rank, step, k], ends[step, k, (pg or {}).get(rank, "0")]
+            events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 2,
+                           "ts": a, "dur": end - a, "args": {"Collective name": "all_reduce",
+                                                             "Process Group Name": (pg or {}).get(rank, "0"),
+                                                             "In msg nelems": 1 << 20, "dtype": "Float"}})
+    path.write_bytes(gzip.compress(json.dumps({"distributedInfo": {"rank": rank}, "traceEvents": events}).encode()))
+    return path
+
+
+def collective_traces(tmp_path: Path, n_ranks: int, late: dict[int, float] | None = None,
+                      transfer: dict[str, float] | None = None, pg: dict[int, str] | None = None) -> dict:
+    """Per-rank traces: rank r arrives ``late[r]`` µs late; process group g transfers in
+    ``transfer[g]`` µs; everyone in a group finishes when its last rank arrived plus the transfer."""
+    rng = np.random.default_rng(3)
+    arrivals = {(r, s, k): s * STEP_US + 20_000 + 30_000 * k + float(rng.normal(0, 50)) + (late or {}).get(r, 0)
+                for r in range(n_ranks) for s in range(1, 6) for k in range(3)}
+    groups = set((pg or {}).values()) or {"0"}
+    ends = {(s, k, g): max(arrivals[r, s, k] for r in range(n_ranks) if (pg or {}).get(r, "0") == g)
+            + (transfer or {}).get(g, TRANSFER_US) for s in range(1, 6) for k in range(3) for g in groups}
+    return {r: load_trace(collective_trace(tmp_path / f"rank{r}.json.gz", r, arrivals, ends, pg))
+            for r in range(n_ranks)}
+
+
+def test_a_late_rank_is_a_compute_straggler(tmp_path: Path) -> None:
+    traces = collective_traces(tmp_path, 4, late={2: 10_000})
+    instances = collective_instances(traces)
+    assert len(instances) == 4 * 5 * 3 and set(instances["coll_name"]) == {"all_reduce"}
+    stats = collective_stats(instances)
+    assert len(stats) == 5 * 3 and (stats["last_rank"] == 2).all()
+    assert stats["skew_ns"].median() == pytest.approx(10e6, rel=0.05)
+    assert stats["transfer_ns"].median() == pytest.approx(TRANSFER_US * 1000, rel=0.05)
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    [suspect] = stragglers(traces, hosts=hosts)
+    assert (suspect.kind, suspect.rank, suspect.host) == ("rank", 2, "b")
+    assert suspect.evidence["late_ms"] == pytest.approx(10, abs=0.2) and suspect.evidence["steps_late"] == "5/5"
+    assert slow_transfers(traces, hosts=hosts) == [], "the others' long collectives are waiting, not transfer"
+
+
+def test_slow_transfers_are_told_apart_from_stragglers(tmp_path: Path) -> None:
+    pg = {r: str(r // 2) for r in range(8)}
+    traces = collective_traces(tmp_path, 8, transfer={"3": 4 * TRANSFER_US}, pg=pg)
+    hosts = {r: f"node{r // 2}" for r in range(8)}
+    [suspect] = slow_transfers(traces, hosts=hosts)
+    assert (suspect.kind, suspect.host) == ("host", "node3")
+    assert suspect.evidence["transfer_vs_typical"] == pytest.approx(4, rel=0.05)
+    assert stragglers(traces, hosts=hosts) == []
+    assert slow_transfers(collective_traces(tmp_path, 8, pg=pg), hosts=hosts) == []
+
+
+# --- suspects ----------------------------------------------------------------------------------
+
+
+def write_run(root: Path, traces_dir: Path, n_ranks: int, hosts: dict[int, str]) -> Path:
+    create_manifest(root, new_manifest(["train.py"], {}, 0))
+    for r in range(n_ranks):
+        rank_dir = root / "ranks" / str(r)
+        write_json_atomic(rank_dir / "meta.json", {"rank": r, "host": hosts[r]})
+        (rank_dir / "trace.json.gz").write_bytes((traces_dir / f"rank{r}.json.gz").read_bytes())
+        (rank_dir / "steps.csv").write_text("step,start_ns,end_ns,phase\n" + "".join(
+            f"{s},{s * STEP_US * 1000},{(s + 1) * STEP_US * 1000},profiled\n" for s in range(1, 6)))
+    return root
+
+
+def test_diagnose_combines_the_run_and_the_probes(tmp_path: Path) -> None:
+    collective_traces(tmp_path, 4, late={1: 10_000})
+    g = fat_tree(64, radix=8)
+    run = write_run(tmp_path / "run", tmp_path, 4, {0: "h00", 1: "h00", 2: "h37", 3: "h37"})
+    probes, _ = simulate(g, {"h37/nic0": 0.3})
+    suspects = {s.kind: s for s in diagnose(run, probes, g)}
+    assert sorted((s.kind, s.name) for s in suspects.values()) == [("nic", "h37/nic0"), ("rank", "rank 1")]
+    assert suspects["nic"].evidence["ranks"] == [2, 3] and suspects["rank"].host == "h00"
+    shape = to_json(list(suspects.values()))
+    assert list(shape) == ["suspects"]
+    for entry in shape["suspects"]:
+        assert list(entry) == ["kind", "name", "rank", "host", "score", "evidence"]
+    assert shape["suspects"][0]["score"] >= shape["suspects"][1]["score"]
+    matrix = np.where(np.isnan(noisy_matrix(64)), np.nan, noisy_matrix(64))
+    assert diagnose(probe_matrix=matrix, topology=g) == []
+
+
+def test_diagnose_command(tmp_path: Path) -> None:
+    collective_traces(tmp_path, 2)
+    run = write_run(tmp_path / "run", tmp_path, 2, {0: "h00", 1: "h01"})
+    probes = tmp_path / "probes.json"
+    matrix = noisy_matrix(8)
+    matrix[2, :] *= 0.3
+    matrix[:, 2] *= 0.3
+    probes.write_text(json.dumps({"hosts": [f"h{i:02d}" for i in range(8)],
+                                  "bandwidth": [[None if np.isnan(v) else v for v in row] for row in matrix]}))
+    out = CliRunner().invoke(diagnose_command, [str(run), "--probes", str(probes), "--json"])
+    assert out.exit_code == 0, out.output
+    assert [(s["kind"], s["name"]) for s in json.loads(out.output)["suspects"]] == [("host", "h02")]
+    quiet = CliRunner().invoke(diagnose_command, [str(run)])
+    assert quiet.exit_code == 0 and quiet.output.strip() == "nothing stands out"
