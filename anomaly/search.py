@@ -32,7 +32,8 @@ from dpro.anomaly.space import WorkloadSpace
 
 _FOCUS = 0.75  # the share of moves given to features by their effect so far (the rest: uniformly)
 _MIN_WEIGHT = 0.02  # of a feature whose moves have not changed the energy
-_IDLE_PROPOSALS = 200  # moves in a row to already-measured or explained workloads before giving up
+_RESTART_AFTER = 20  # moves in a row to already-measured or explained workloads before a random restart
+_IDLE_PROPOSALS = 200  # ... and before giving up
 _FIRST_FAILURES = 5  # this many failures and no success from the start: the hosts are misconfigured, stop
 
 
@@ -150,6 +151,7 @@ class _Lab:
         self.clock, self.on_trial, self.out = clock, on_trial, out
         self.start = clock()
         self.referenced: set[Workload] = set()
+        self.first: dict[Workload, Trial] = {}  # the first measurement of each workload
 
     def progress(self) -> float:
         """How much of the budget is spent, 0 to 1."""
@@ -188,6 +190,7 @@ class _Lab:
         trial = Trial(len(self.out.trials), kind, workload, result, score, self.objective.anomalous(score),
                       self.clock() - began, temperature)
         self.out.trials.append(trial)
+        self.first.setdefault(workload, trial)
         if self.on_trial:
             self.on_trial(trial)
         return trial
@@ -199,25 +202,26 @@ class _Lab:
 
 
 def _anneal(lab: _Lab, rng: random.Random, start_temperature: float, end_temperature: float) -> None:
-    """The annealing walk, restarted from a random workload after each anomaly, until the budget
-    is spent or nothing new is left to measure."""
-    seen: dict[Workload, Trial] = {}
+    """The annealing walk, restarted from a random workload after each anomaly and when all its
+    neighbours are measured, until the budget is spent or nothing new is left to measure."""
     current: Trial | None = None
     effects = _Effects()
     idle = 0
     while not lab.exhausted():
         if idle >= _IDLE_PROPOSALS:
-            lab.out.stopped = "no unmeasured workload left near the walk"
+            lab.out.stopped = "no unmeasured workload left"
             return
+        if idle and idle % _RESTART_AFTER == 0:  # all around the walk is measured: start afresh elsewhere
+            current = None
         proposal = (lab.space.random(rng) if current is None
                     else lab.space.neighbour(current.workload, rng, effects.weights(lab.space.names)))
         if proposal is None:
             lab.out.stopped = "no valid workload to move to"
             return
-        if lab.explained(proposal) or proposal in seen:  # nothing new to measure there
+        if lab.explained(proposal) or proposal in lab.first:  # nothing new to measure there
             idle += 1
             if not lab.explained(proposal):
-                current = _step(lab, rng, current, seen[proposal], start_temperature, end_temperature)
+                current = _step(lab, rng, current, lab.first[proposal], start_temperature, end_temperature)
             continue
         trial = lab.measure(proposal, "search", _temperature(lab.progress(), start_temperature, end_temperature))
         if trial is None:
@@ -227,7 +231,6 @@ def _anneal(lab: _Lab, rng: random.Random, start_temperature: float, end_tempera
                                f"{'; '.join(trial.result.errors)}")
             return
         idle = 0
-        seen[proposal] = trial
         if trial.anomalous and _settle(lab, trial):
             if not lab.out.anomalies[-1].minimal:
                 lab.out.stopped = "the baseline itself is anomalous"
@@ -277,7 +280,7 @@ def _step(lab: _Lab, rng: random.Random, current: Trial | None, candidate: Trial
     else:
         temperature = _temperature(lab.progress(), start_temperature, end_temperature)
         accept = rng.random() < math.exp(-(new - old) / temperature)
-    if candidate.accepted is None:
+    if candidate.kind == "search" and candidate.accepted is None:
         candidate.accepted = accept
     return candidate if accept or current is None else current
 

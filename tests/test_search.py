@@ -199,6 +199,14 @@ def test_engine_errors_and_exceptions_are_recorded_not_fatal() -> None:
     assert result.anomalies and all(set(a.minimal) == PLANTED for a in result.anomalies)
 
 
+def test_a_small_space_is_measured_once_then_the_search_stops() -> None:
+    engine = ModelNic()
+    space = WorkloadSpace.for_engine(engine, only=["connections", "direction"], domains={"connections": [1, 2]})
+    result = run_search(engine, space=space, budget=Budget(50))
+    assert result.stopped == "no unmeasured workload left" and not result.anomalies
+    assert sorted(map(str, engine.runs)) == sorted(map(str, {*engine.runs})) and len(engine.runs) == 4
+
+
 def test_a_search_whose_every_run_fails_stops_early() -> None:
     class Broken(ModelNic):
         def run(self, workload: Workload, *args, **kwargs) -> Result:
