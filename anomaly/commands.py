@@ -1,12 +1,21 @@
-"""The ``dpro diagnose`` command: who is slow, from a run, pairwise probes and a topology."""
+"""The ``dpro diagnose`` command (who is slow, from a run, pairwise probes and a topology), and
+the ``dpro anomaly`` group: ``dpro anomaly search`` looks for workloads the network handles badly."""
 
 from __future__ import annotations
 
 import json
+import shlex
+import time
 from pathlib import Path
 
 import click
 
+from .engines import get_engine
+from .engines.base import Endpoint
+from .objectives import parse_objective
+from .search import Budget, Trial, search
+from .search_report import write_report
+from .space import WorkloadSpace, plain
 from .suspects import Suspect, diagnose as diagnose_suspects, to_json
 
 
@@ -43,3 +52,105 @@ def format_suspects(suspects: list[Suspect]) -> str:
         facts = ", ".join(f"{k}={v}" for k, v in s.evidence.items())
         lines.append(f"{i:>2}. {s.kind:<6} {s.name}{where}  score {s.score:.1f}  {facts}")
     return "\n".join(lines)
+
+
+@click.group("anomaly")
+def anomaly() -> None:
+    """Find network anomalies before a job does."""
+
+
+@anomaly.command("search")
+@click.option("--engine", "engine_name", default="tcp", show_default=True,
+              help="Traffic engine: tcp, perftest or verbs.")
+@click.option("--server", required=True, help="Address the server listens on.")
+@click.option("--client", required=True, help="Address the client sends from.")
+@click.option("--server-prefix", default="", help="Command that runs a program on the server host, e.g. "
+              "'ip netns exec h0' or 'ssh host0' (default: here).")
+@click.option("--client-prefix", default="", help="The same for the client host.")
+@click.option("--server-device", help="RDMA device of the server (perftest, verbs).")
+@click.option("--client-device", help="RDMA device of the client (perftest, verbs).")
+@click.option("--objective", default="throughput", show_default=True,
+              help="'throughput' (low throughput for the message size) or 'counter:NAME' (a high rate of "
+                   "a counter, e.g. counter:rx_pause_frames).")
+@click.option("--threshold", type=float, help="When a score is anomalous: a fraction of the expected "
+              "throughput (default 0.5), or a counter rate per second (default 0).")
+@click.option("--link-gbps", type=float, help="Throughput objective: expect this rate per direction "
+              "(default: the best measured at the same message size).")
+@click.option("--budget", default=50, show_default=True, type=click.IntRange(min=1),
+              help="Measurements at most (search, references, confirmations, minimization).")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), help="Start no measurement after this long.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the walk.")
+@click.option("--duration", default=2.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds of traffic per measurement.")
+@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds any wait of a measurement may last before it is given up.")
+@click.option("--features", help="Comma-separated workload features to vary (default: all the engine supports).")
+@click.option("--domain", "domains", multiple=True, metavar="NAME=V1,V2,...",
+              help="Values of one feature, e.g. message_size=4096,65536 (repeatable).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for search.json and search.md (default: dpro-search-<time>).")
+def search_command(engine_name: str, server: str, client: str, server_prefix: str, client_prefix: str,
+                   server_device: str | None, client_device: str | None, objective: str,
+                   threshold: float | None, link_gbps: float | None, budget: int, seconds: float | None,
+                   seed: int, duration: float, timeout: float, features: str | None, domains: tuple[str, ...],
+                   out: Path | None) -> None:
+    """Search the workloads an engine can make between two hosts for anomalies (Collie-style
+    simulated annealing), and reduce each to the features that trigger it.
+
+    \b
+    Every measurement counts against --budget: the walk, the reference measurements the
+    throughput objective compares with, the re-measurement that confirms an anomaly, and the
+    measurements that reset its features to the baseline one at a time.
+    """
+    try:
+        engine = get_engine(engine_name)
+    except KeyError as e:
+        raise click.ClickException(str(e.args[0])) from None
+    if reason := engine.unavailable_reason():
+        raise click.ClickException(f"the {engine.name} engine cannot run here: {reason}")
+    try:
+        space = WorkloadSpace.for_engine(engine, only=_names(features), domains=_domains(domains))
+        goal = parse_objective(objective, threshold, link_gbps)
+        limits = Budget(budget, seconds)
+        ends = [Endpoint(address, prefix=tuple(shlex.split(prefix)), rdma_device=device)
+                for address, prefix, device in ((server, server_prefix, server_device),
+                                                 (client, client_prefix, client_device))]
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    out = out or Path(f"dpro-search-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    def progress(trial: Trial) -> None:
+        changed = ", ".join(f"{n}={plain(v)}" for n, v in space.differences(trial.workload).items())
+        score = "failed: " + "; ".join(trial.result.errors) if trial.result.errors else \
+            f"score {trial.score:.3g}" if trial.score is not None else "no score"
+        click.echo(f"{trial.index:>3} {trial.kind:<9} {changed or '(baseline)'}: {score}"
+                   f"{'  ANOMALOUS' if trial.anomalous else ''}", err=True)
+
+    result = search(engine, *ends, space=space, objective=goal, budget=limits, seed=seed, duration_s=duration,
+                    timeout_s=timeout, on_trial=progress)
+    paths = write_report(result, out)
+    found = len(result.anomalies)
+    click.echo(f"{len(result.trials)} trials, {found} anomal{'y' if found == 1 else 'ies'} ({result.stopped})")
+    for a in result.anomalies:
+        minimal = ", ".join(f"{n}={plain(v)}" for n, v in a.minimal.items()) or "the baseline itself"
+        click.echo(f"  needs {minimal}{'' if a.complete else ' (incomplete)'}  [trial {a.trial}]")
+    click.echo(f"report: {paths['markdown']}, {paths['json']}")
+
+
+def _names(features: str | None) -> list[str] | None:
+    if features is None:
+        return None
+    names = [n.strip() for n in features.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--features names no feature")
+    return names
+
+
+def _domains(options: tuple[str, ...]) -> dict[str, list[str]]:
+    domains: dict[str, list[str]] = {}
+    for option in options:
+        name, sep, values = option.partition("=")
+        if not sep or not values.strip():
+            raise ValueError(f"--domain takes NAME=V1,V2,..., not {option!r}")
+        domains[name.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+    return domains

@@ -50,6 +50,16 @@ def test_tcp_both_ways_with_sges_mtu_and_small_messages() -> None:
     assert result.to_dict()["workload"]["direction"] == "bi"
 
 
+def test_tcp_throughput_spans_all_connections_of_a_process() -> None:
+    from dpro.anomaly.engines.tcp import _rates
+
+    # One connection ran 1 s, the other got its 1 MB through in the first 0.1 s: 2 MB in 1 s,
+    # not 1 MB/s + 10 MB/s.
+    senders = [{"bytes": 10**6, "messages": 10, "start_ns": 0, "end_ns": 10**9},
+               {"bytes": 10**6, "messages": 10, "start_ns": 0, "end_ns": 10**8}]
+    assert _rates(senders) == (16e6, 20.0)
+
+
 def test_tcp_server_that_never_answers_times_out_quickly() -> None:
     start = time.monotonic()
     result = TcpEngine().run(Workload(), Endpoint("127.0.0.1", prefix=HANGS), LOCAL, duration_s=5, timeout_s=2)

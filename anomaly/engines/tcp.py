@@ -58,14 +58,22 @@ class TcpEngine:
         if None in reports:
             result.errors.append("a worker ended without its report")
             return result
-        senders = [s for r in reports for s in r["senders"]]
-        result.throughput_gbps = sum(s["bytes"] * 8 / s["elapsed_s"] for s in senders) / 1e9
-        result.msgs_per_s = sum(s["messages"] / s["elapsed_s"] for s in senders)
+        rates = [_rates(r["senders"]) for r in reports if r["senders"]]
+        result.throughput_gbps = sum(bits for bits, _ in rates) / 1e9
+        result.msgs_per_s = sum(msgs for _, msgs in rates)
         latency = LatencyHistogram()
-        for s in senders:
+        for s in (s for r in reports for s in r["senders"]):
             latency.merge(LatencyHistogram.from_dict(s["latency"]))
         result.latency_us = latency.percentiles_us()
         return result
+
+
+def _rates(senders: list[dict[str, Any]]) -> tuple[float, float]:
+    """Bits and messages per second of one process's senders, over the span from the first one's
+    start to the last one's end: summing each connection's own rate would count a connection that
+    finished early as if it had kept its rate for the whole run."""
+    span_s = (max(s["end_ns"] for s in senders) - min(s["start_ns"] for s in senders)) / 1e9
+    return sum(s["bytes"] for s in senders) * 8 / span_s, sum(s["messages"] for s in senders) / span_s
 
 
 def _is_ready(line: str) -> bool:

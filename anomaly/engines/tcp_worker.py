@@ -72,13 +72,14 @@ def send(sock: socket.socket, args: argparse.Namespace, deadline: float) -> dict
         for _ in acks:
             latency.add(now - outstanding.popleft())
         acked += len(acks)
-    elapsed_s = (time.perf_counter_ns() - start) / 1e9
+    end = time.perf_counter_ns()
     sock.shutdown(socket.SHUT_WR)
     extra = sock.recv(1)  # the receiver closes once it has acknowledged everything
     sock.close()
     if extra:
         raise ConnectionError("the receiver sent data after the last acknowledgement")
-    return {"messages": acked, "bytes": acked * args.size, "elapsed_s": elapsed_s, "latency": latency.to_dict()}
+    return {"messages": acked, "bytes": acked * args.size, "elapsed_s": (end - start) / 1e9, "start_ns": start,
+            "end_ns": end, "latency": latency.to_dict()}
 
 
 def receive(sock: socket.socket, args: argparse.Namespace) -> dict[str, Any]:
