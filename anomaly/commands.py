@@ -154,3 +154,72 @@ def _domains(options: tuple[str, ...]) -> dict[str, list[str]]:
             raise ValueError(f"--domain takes NAME=V1,V2,..., not {option!r}")
         domains[name.strip()] = [v.strip() for v in values.split(",") if v.strip()]
     return domains
+
+
+@anomaly.command("probe")
+@click.argument("hosts_file", metavar="HOSTS", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the bandwidth matrix (JSON, for `dpro diagnose --probes`).")
+@click.option("--engine", "engine_name", default="tcp", show_default=True, help="Traffic engine: tcp, perftest or verbs.")
+@click.option("--seconds", default=2.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="How long each probe sends.")
+@click.option("--message-size", default=1 << 20, show_default=True, type=click.IntRange(min=1), help="Bytes per message.")
+@click.option("--connections", default=1, show_default=True, type=click.IntRange(min=1), help="Parallel connections per probe.")
+@click.option("--rounds", type=click.IntRange(min=1), help="Only the first N rounds (default: every pair, n-1 rounds).")
+@click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds any step of a probe may take.")
+def probe_command(hosts_file: Path, output: Path, engine_name: str, seconds: float, message_size: int,
+                  connections: int, rounds: int | None, timeout: float) -> None:
+    """Measure the bandwidth between every pair of HOSTS in O(n) rounds of disjoint pairs.
+
+    \b
+    HOSTS (YAML or JSON):   h0: {address: 10.0.0.1, prefix: "ssh h0"}
+                            h1: {address: 10.0.0.2, prefix: "ssh h1", interface: eth0}
+    Example:  dpro anomaly probe hosts.yaml -o probes.json && dpro diagnose RUN --probes probes.json
+    """
+    from .engines.base import Workload
+    from .pairwise import measure, read_hosts, write_probes
+
+    if output.exists():
+        raise click.ClickException(f"{output} exists: not overwritten")
+    try:
+        engine = get_engine(engine_name)
+    except KeyError as e:
+        raise click.ClickException(str(e.args[0])) from None
+    if reason := engine.unavailable_reason():
+        raise click.ClickException(f"the {engine.name} engine cannot run here: {reason}")
+    hosts = read_hosts(hosts_file)
+    probes, results = measure(engine, hosts, Workload(message_size=message_size, connections=connections),
+                              seconds, timeout, rounds)
+    write_probes(probes, output)
+    failed = [r for r in results if r["errors"]]
+    click.echo(f"{len(probes.value)} of {len(results)} probes measured between {len(hosts)} hosts -> {output}")
+    for r in failed:
+        click.echo(f"  {r['src']} -> {r['dst']} failed: {'; '.join(r['errors'])}", err=True)
+
+
+@anomaly.command("counters")
+@click.option("--interval", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between the two snapshots.")
+@click.option("--sysfs-root", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Read sysfs from here (a recorded tree; default $DPRO_SYSFS_ROOT or /sys).")
+@click.option("--ethtool", "interfaces", multiple=True, help="Also read `ethtool -S` of this interface.")
+@click.option("--all", "show_all", is_flag=True, help="Show counters that did not move too.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def counters_command(interval: float, sysfs_root: Path | None, interfaces: tuple[str, ...], show_all: bool,
+                     as_json: bool) -> None:
+    """Rates of this host's RDMA, netdev, ethtool and GPU counters over INTERVAL seconds."""
+    from .counters import diff, take_snapshot
+
+    before = take_snapshot(sysfs_root, ethtool=interfaces)
+    time.sleep(interval)
+    rates = diff(before, take_snapshot(sysfs_root, ethtool=interfaces))
+    if as_json:
+        click.echo(json.dumps(rates.to_dict(), indent=1))
+        return
+    frame = rates.to_frame()
+    if not show_all and not frame.empty:
+        frame = frame[frame["per_s"] != 0]
+    click.echo(frame.to_string(index=False) if not frame.empty else "no counter moved")
+    for note in rates.notes:
+        click.echo(f"note: {note}")

@@ -264,9 +264,10 @@ def critical_path_command(run_dir: Path, rank: int | None, as_json: bool) -> Non
 
 
 def _register_anomaly_commands() -> None:
-    from dpro.anomaly.commands import diagnose
+    from dpro.anomaly.commands import anomaly, diagnose
 
     main.add_command(diagnose)
+    main.add_command(anomaly)
 
 
 _register_anomaly_commands()
