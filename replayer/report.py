@@ -68,36 +68,36 @@ def critical_path(graph: DataflowGraph, result: Replay, rank: int | None = None)
 
 
 def export_chrome_trace(graph: DataflowGraph, result: Replay, path: Path) -> None:
-    """Write the predicted timeline as a Chrome trace: one process per rank, one track per
-    thread, stream or link (sends on the sender's process); a rank's part of a collective is
-    one span on its communication thread, from its arrival to its end. Events that would
-    overlap on a track (two collectives on one link at once) go to numbered extra tracks."""
-    nodes = graph.nodes
+    """Write the predicted timeline as a Chrome trace (opens in Perfetto): one process per rank,
+    one named track per thread, stream or link (sends on the sender's process); a rank's part
+    of a collective is one span on its communication thread, from its arrival to its end.
+    Events that would overlap on a track (two collectives on one link at once) go to numbered
+    extra tracks."""
+    nodes, edges = graph.nodes, graph.edges
     start, end = result.start_ns.copy(), result.end_ns.copy()
     kinds = nodes["kind"].to_numpy()
-    keep = kinds != "collective"  # a rank's end: drawn as its collective's span below
-    arrival_of = {}
-    for c in graph.collectives.itertuples():
-        for rank, done in zip(c.ranks, c.done):
-            arrival = graph.edges[(graph.edges["dst"] == done) & (graph.edges["kind"] == "arrive")]["src"].iloc[0]
-            arrival_of[int(arrival)] = done
-    for arrival, done in arrival_of.items():
-        end[arrival] = end[done]
-    events = []
-    lanes: dict[str, list[float]] = {}
-    order = np.lexsort((-(end - start), start))
-    for v in order:
-        if not keep[v]:
+    done = np.flatnonzero(kinds == "collective")  # a rank's end: drawn as its collective's span
+    own = edges[(edges["kind"] == "arrive") & edges["dst"].isin(done)]
+    done_of = dict(zip(own["src"].tolist(), own["dst"].tolist()))  # a rank's arrival -> its end
+    for arrival, finish in done_of.items():
+        end[arrival] = end[finish]
+    events: list[dict[str, Any]] = []
+    lanes: dict[tuple[int, str], list[float]] = {}
+    tids: dict[tuple[int, str], int] = {}
+    for v in np.lexsort((-(end - start), start)):
+        if kinds[v] == "collective":
             continue
-        resource, lane = str(nodes.at[v, "resource"]), 0
-        ends = lanes.setdefault(resource, [])
+        rank, resource = int(nodes.at[v, "rank"]), str(nodes.at[v, "resource"])
+        ends, lane = lanes.setdefault((rank, resource), []), 0
         while lane < len(ends) and ends[lane] > start[v] + 1:  # 1 ns of rounding
             lane += 1
         ends[lane:lane + 1] = [end[v]]
-        name = str(nodes.at[v, "name"])
-        if v in arrival_of:
-            name = str(nodes.at[arrival_of[v], "name"])
-        events.append({"ph": "X", "name": name, "pid": int(nodes.at[v, "rank"]),
-                       "tid": resource if lane == 0 else f"{resource} #{lane + 1}", "ts": start[v] / 1e3,
+        track = (rank, resource if lane == 0 else f"{resource} #{lane + 1}")
+        if track not in tids:
+            tids[track] = len(tids) + 1
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[track], "args": {"name": track[1]}})
+        name = nodes.at[done_of[v], "name"] if v in done_of else nodes.at[v, "name"]
+        events.append({"ph": "X", "name": str(name), "pid": rank, "tid": tids[track], "ts": start[v] / 1e3,
                        "dur": (end[v] - start[v]) / 1e3, "cat": str(kinds[v])})
+    events += [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}} for r in sorted(graph.step_ns)]
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -100,8 +100,12 @@ def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:
     assert {"measured_step_ms", "predicted_step_ms", "error_pct"} <= set(summary)
     assert [r["rank"] for r in summary["per_rank"]] == [0, 1]
     trace = json.loads((tmp_path / "predicted.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    assert {e["args"]["name"] for e in trace if e["name"] == "process_name"} == {"rank 0", "rank 1"}
+    assert any(n.startswith("link/") for n in names.values()), "sends drawn on link tracks"
     tracks: dict = {}
-    for e in trace:
+    for e in (e for e in trace if e["ph"] == "X"):
+        assert isinstance(e["pid"], int) and (e["pid"], e["tid"]) in names, "integer ids, every track named"
         tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
     for spans in tracks.values():  # Perfetto shows no overlap on a track
         spans.sort()
