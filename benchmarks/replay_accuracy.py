@@ -42,7 +42,7 @@ CLOCK_SHIFT_NS = 2_000_000  # how far a second host's clock may be off (NTP on a
 
 def _record(run_dir: Path, job_args: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "dpro", "record", "-o", str(run_dir), "--skip", "5",
-                    "--warmup", "1", "--steps", "5", "--", *TORCHRUN, str(EXAMPLE), "--steps", "14", *job_args],
+                    "--warmup", "1", "--steps", "8", "--", *TORCHRUN, str(EXAMPLE), "--steps", "18", *job_args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -56,8 +56,8 @@ def _throttled_run(run_dir: Path) -> Run | None:
         print(f"replay accuracy: no throttled-link case: {reason}", file=sys.stderr)
         return None
     with NetnsCluster(2, rates={1: "100mbit"}) as cluster:
-        done = record_across_hosts(cluster, run_dir, [str(EXAMPLE), "--steps", "14"],
-                                   record_args=("--skip", "5", "--warmup", "1", "--steps", "5"))
+        done = record_across_hosts(cluster, run_dir, [str(EXAMPLE), "--steps", "18"],
+                                   record_args=("--skip", "5", "--warmup", "1", "--steps", "8"))
     if any(p.returncode != 0 for p in done):
         raise RuntimeError(f"the throttled run failed: {[p.returncode for p in done]}")
     return open_run(run_dir)
