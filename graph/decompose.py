@@ -28,7 +28,7 @@ class Matched:
     coll: str
     occurrence: int
     instances: dict[int, int]  # rank -> node id of its instance
-    bytes: float = float("nan")
+    nbytes: float = float("nan")
     algorithm: str | None = None
 
 
@@ -65,7 +65,7 @@ def decompose(nodes: pd.DataFrame, edges: list[tuple[int, int, int, str]],
                 v = base + len(rows)
                 rows.append({"rank": ranks[t.src], "kind": "transfer", "resource": f"link/{ranks[t.src]}->{ranks[t.dst]}",
                              "name": f"{m.coll}#{m.occurrence} step {step}", "dur_ns": step_ns[step],
-                             "offset_ns": clock, "coll_name": m.coll, "bytes": m.bytes * t.fraction})
+                             "offset_ns": clock, "coll_name": m.coll, "bytes": m.nbytes * t.fraction})
                 edges += [(ids[t.src], v, 0, "arrive"), (ids[t.dst], v, 0, "arrive")]
                 for before in (last_in.get(t.src), last_out.get(t.src)):
                     if before is not None:
@@ -80,12 +80,12 @@ def decompose(nodes: pd.DataFrame, edges: list[tuple[int, int, int, str]],
             v = base + len(rows)
             rows.append({"rank": rank, "kind": "collective", "resource": nodes.at[i, "resource"],
                          "name": f"{m.coll}#{m.occurrence}", "dur_ns": 0.0, "offset_ns": first_done,
-                         "coll_name": m.coll, "bytes": m.bytes})
+                         "coll_name": m.coll, "bytes": m.nbytes})
             edges.append((i, v, 0, "arrive"))
             edges += [(u, v, 0, "transfer") for u in {last_in.get(member), last_out.get(member)} if u is not None]
             done_of[i] = v
             done.append(v)
-        table.append({"coll": m.coll, "occurrence": m.occurrence, "algorithm": m.algorithm, "bytes": m.bytes,
+        table.append({"coll": m.coll, "occurrence": m.occurrence, "algorithm": m.algorithm, "bytes": m.nbytes,
                       "ranks": ranks, "transfer_ns": transfer, "wait_ns": list(arrive.max() - arrive),
                       "sends": sends, "done": done})
     for e, (src, dst, lag, kind) in enumerate(edges):
