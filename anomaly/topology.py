@@ -127,6 +127,9 @@ def read_topology(path: str | os.PathLike) -> nx.MultiGraph:
         return from_spec(spec)
     except TopologyError as e:
         raise TopologyError(f"{path}: {e}") from None
+    except (TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape
+        raise TopologyError(f"{path}: not a topology (switches: [...], hosts: {{host: [nic, ...]}}, "
+                            f"links: [[a, b], ...]): {e}") from None
 
 
 def from_spec(spec: dict[str, Any]) -> nx.MultiGraph:

@@ -37,3 +37,9 @@ def test_counters_from_a_recorded_sysfs_tree() -> None:
     assert all(r["delta"] == 0 for r in rates["rates"] if r["source"] == "rdma"), "the same tree twice: nothing moved"
     table = dpro("anomaly", "counters", "--sysfs-root", SYSFS, "--interval", "0.05", "--all")
     assert table.returncode == 0 and "port_xmit_wait" in table.stdout
+
+
+def test_diagnose_rejects_a_malformed_topology(recorded_run: Path, tmp_path: Path) -> None:
+    for name, text in (("shape.json", '{"switches": 3}'), ("broken.yaml", "links: [")):
+        (tmp_path / name).write_text(text)
+        assert_one_line_error(dpro("diagnose", recorded_run, "--topology", tmp_path / name), str(tmp_path / name))
