@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,11 @@ def read_hosts(path: str | os.PathLike) -> dict[str, Endpoint]:
         if not isinstance(spec, dict) or "address" not in spec:
             raise PairwiseError(f"{path}: host {name!r} has no address")
         prefix = spec.get("prefix") or ()
-        hosts[str(name)] = Endpoint(str(spec["address"]), tuple(prefix.split() if isinstance(prefix, str) else prefix),
-                                    spec.get("interface"))
+        if isinstance(prefix, str):
+            prefix = shlex.split(prefix)
+        if not isinstance(prefix, list) or not all(isinstance(p, str) for p in prefix):
+            raise PairwiseError(f"{path}: host {name!r}: prefix is a command line or a list of words, not {prefix!r}")
+        hosts[str(name)] = Endpoint(str(spec["address"]), tuple(prefix), spec.get("interface"))
     return hosts
 
 

@@ -128,9 +128,13 @@ def read_probes(path: str | os.PathLike) -> Probes:
     if metric is None or not {"src", "dst"} <= set(frame):
         raise ProbeError(f"{path}: expected columns src, dst and bandwidth (or latency)")
     names = pd.Index(pd.unique(pd.concat([frame["src"], frame["dst"]]).astype(str)))
-    rounds = frame["round"].to_numpy(np.int64) if "round" in frame else np.full(len(frame), -1, np.int64)
+    try:
+        rounds = frame["round"].to_numpy(np.int64) if "round" in frame else np.full(len(frame), -1, np.int64)
+        values = frame[metric].to_numpy(np.float64)
+    except (TypeError, ValueError) as e:
+        raise ProbeError(f"{path}: {metric} and round must be numbers: {e}") from None
     return Probes(list(names), names.get_indexer(frame["src"].astype(str)), names.get_indexer(frame["dst"].astype(str)),
-                  rounds, frame[metric].to_numpy(np.float64), metric == "bandwidth")
+                  rounds, values, metric == "bandwidth")
 
 
 def z_scores(probes: Probes) -> tuple[np.ndarray, np.ndarray]:
