@@ -49,7 +49,7 @@ def read_hosts(path: str | os.PathLike) -> dict[str, Endpoint]:
     for name, spec in data.items():
         if not isinstance(spec, dict) or "address" not in spec:
             raise PairwiseError(f"{path}: host {name!r} has no address")
-        prefix = spec.get("prefix") or ()
+        prefix = spec.get("prefix") or []
         if isinstance(prefix, str):
             prefix = shlex.split(prefix)
         if not isinstance(prefix, list) or not all(isinstance(p, str) for p in prefix):
