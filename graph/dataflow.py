@@ -152,6 +152,7 @@ def _rank_step(tables: TraceTables, rank: int, steps: list[int]) -> _RankStep:
     common = max(set(signatures), key=lambda sig: (signatures.count(sig), len(sig)))  # ties: the fuller step
     chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
     _, template, inner = chosen[0]
+    template["measured_end_ns"] = template["start_ns"] + template["dur_ns"]  # in the template's own step
     for column in ("dur_ns", "offset_ns"):
         template[column] = np.mean(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
     step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
@@ -169,13 +170,16 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[tuple[int, int
     start = nodes["offset_ns"].to_numpy()
     end = start + nodes["dur_ns"].to_numpy()
     measured_start = nodes["start_ns"].to_numpy()  # absolute, in the step the template came from
+    measured_end = nodes["measured_end_ns"].to_numpy()
 
     def parent_of(keys: pd.Series) -> list[int | None]:
         return [index.get(k) for k in keys]
 
     def lag_after_parent(parent: int, done_abs: int) -> int:
-        """Lag from the parent's end to a nested call's end, with the parent's typical duration."""
-        return int(done_abs - measured_start[parent] - (end[parent] - start[parent]))
+        """Lag from the parent's end to a nested call's end (how long before its parent ended
+        it returned), both as measured in the template's own step: not mixed with the parent's
+        typical duration, which would move a call at the end of an op past the op's end."""
+        return int(done_abs - measured_end[parent])
 
     order: dict[int, list] = {}
     for _, group in nodes.groupby("resource", sort=False):
