@@ -4,7 +4,9 @@ Hosts, links and switches of a topology get integer ids; :meth:`Routing.route` g
 arrays of source and destination hosts, the switch-to-switch links and the switches each probe
 crosses. At each switch a probe takes one of the next hops on a shortest path to the
 destination's switch, chosen by a hash of (source, destination, switch): per-hop ECMP, with a
-choice the analysis can reproduce (see :mod:`dpro.anomaly.topology`).
+choice the analysis can reproduce (see :mod:`dpro.anomaly.topology`). Given a random generator,
+each switch chooses uniformly at random instead: ECMP whose hash the analysis cannot see (on a
+fat tree, every equal-cost path is then equally likely).
 
     >>> r = Routing.build(fat_tree(128))
     >>> links, switches = r.route(np.array([0, 5]), np.array([127, 6]))
@@ -85,9 +87,11 @@ class Routing:
         return cls(host_names, nics, links, switches, host_links, host_switch, target, next_switch, next_link, fanout,
                    int(dist[:, goals].max()))
 
-    def route(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def route(self, src: np.ndarray, dst: np.ndarray,
+              rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Switch-to-switch links ``(P, max_hops)`` and switches ``(P, max_hops + 1)`` of each
-        probe from host ``src[i]`` to host ``dst[i]``, padded with -1."""
+        probe from host ``src[i]`` to host ``dst[i]``, padded with -1; next hops chosen by the
+        hash, or uniformly at random with ``rng``."""
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         n, width = self.fanout.shape[1], self.next_switch.shape[2]
         cur, goal = self.host_switch[src].astype(np.int64), self.host_switch[dst]
@@ -98,8 +102,10 @@ class Routing:
         fanout, next_switch, next_link = (a.reshape(-1) for a in (self.fanout, self.next_switch, self.next_link))
         for hop in range(self.max_hops):  # at its goal a probe stays put (fanout 1, link -1)
             key = row + cur
-            choice = _hash(src, dst, cur) % fanout.take(key).astype(np.uint64)
-            at = key * width + choice.astype(np.int64)
+            ways = fanout.take(key)
+            choice = (_hash(src, dst, cur) % ways.astype(np.uint64)).astype(np.int64) if rng is None else \
+                (rng.random(len(src)) * ways).astype(np.int64)
+            at = key * width + choice
             links[:, hop] = next_link.take(at)
             cur = next_switch.take(at).astype(np.int64)
             switches[:, hop + 1] = np.where(links[:, hop] >= 0, cur, -1)

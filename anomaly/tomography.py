@@ -51,12 +51,17 @@ def components(routing: Routing, src: np.ndarray, dst: np.ndarray) -> np.ndarray
 
 
 def localize(topology: nx.MultiGraph, probes: Probes, slow_mask: np.ndarray | None = None,
-             routing: Routing | None = None, alpha: float = ALPHA, min_slow: int = MIN_SLOW) -> list[Suspect]:
+             routing: Routing | None = None, alpha: float = ALPHA, min_slow: int = MIN_SLOW,
+             ecmp: str = "hash") -> list[Suspect]:
     """Suspect NICs, links and switches, most likely first; empty when no slow probe stands out.
 
     ``slow_mask`` defaults to :func:`dpro.anomaly.probes.slow`; ``routing`` to
-    ``Routing.build(topology)`` (pass it to reuse it).
+    ``Routing.build(topology)`` (pass it to reuse it). ``ecmp="hash"``: each probe took the path
+    the routing's hash gives (static routing, pinned paths); ``ecmp="all"``: any of its
+    equal-cost paths, unknown (:mod:`dpro.anomaly.multipath`).
     """
+    if ecmp not in ("hash", "all"):
+        raise ValueError(f"ecmp is 'hash' or 'all', not {ecmp!r}")
     routing = routing or Routing.build(topology)
     index = {h: i for i, h in enumerate(routing.hosts)}
     missing = [h for h in probes.hosts if h not in index]
@@ -65,6 +70,10 @@ def localize(topology: nx.MultiGraph, probes: Probes, slow_mask: np.ndarray | No
     to_topology = np.array([index[h] for h in probes.hosts], np.int64)
     src, dst = to_topology[probes.src], to_topology[probes.dst]
     is_slow = slow(probes) if slow_mask is None else np.asarray(slow_mask, bool)
+    if ecmp == "all":
+        from .multipath import localize_multipath
+
+        return localize_multipath(topology, routing, src, dst, probes.round, is_slow, alpha, min_slow)
     n_comp = len(routing.hosts) + len(routing.links) + len(routing.switches)
     total = np.zeros(n_comp, np.int64)
     slow_parts = []
