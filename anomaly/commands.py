@@ -7,6 +7,7 @@ import json
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -102,12 +103,7 @@ def search_command(engine_name: str, server: str, client: str, server_prefix: st
     throughput objective compares with, the re-measurement that confirms an anomaly, and the
     measurements that reset its features to the baseline one at a time.
     """
-    try:
-        engine = get_engine(engine_name)
-    except KeyError as e:
-        raise click.ClickException(str(e.args[0])) from None
-    if reason := engine.unavailable_reason():
-        raise click.ClickException(f"the {engine.name} engine cannot run here: {reason}")
+    engine = _usable_engine(engine_name)
     try:
         space = WorkloadSpace.for_engine(engine, only=_names(features), domains=_domains(domains))
         goal = parse_objective(objective, threshold, link_gbps)
@@ -135,6 +131,17 @@ def search_command(engine_name: str, server: str, client: str, server_prefix: st
         minimal = ", ".join(f"{n}={plain(v)}" for n, v in a.minimal.items()) or "the baseline itself"
         click.echo(f"  needs {minimal}{'' if a.complete else ' (incomplete)'}  [trial {a.trial}]")
     click.echo(f"report: {paths['markdown']}, {paths['json']}")
+
+
+def _usable_engine(name: str) -> Any:
+    """The engine called ``name``, or a one-line error when there is none or it cannot run here."""
+    try:
+        engine = get_engine(name)
+    except KeyError as e:
+        raise click.ClickException(str(e.args[0])) from None
+    if reason := engine.unavailable_reason():
+        raise click.ClickException(f"the {engine.name} engine cannot run here: {reason}")
+    return engine
 
 
 def _names(features: str | None) -> list[str] | None:
@@ -182,12 +189,7 @@ def probe_command(hosts_file: Path, output: Path, engine_name: str, seconds: flo
 
     if output.exists():
         raise click.ClickException(f"{output} exists: not overwritten")
-    try:
-        engine = get_engine(engine_name)
-    except KeyError as e:
-        raise click.ClickException(str(e.args[0])) from None
-    if reason := engine.unavailable_reason():
-        raise click.ClickException(f"the {engine.name} engine cannot run here: {reason}")
+    engine = _usable_engine(engine_name)
     hosts = read_hosts(hosts_file)
     probes, results = measure(engine, hosts, Workload(message_size=message_size, connections=connections),
                               seconds, timeout, rounds)
