@@ -12,6 +12,7 @@ the model's, so that an unchanged send keeps its measured time exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -128,11 +129,7 @@ class WhatIf:
         """Replay the graph with the changes made so far. Successive calls on an unchanged
         structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops."""
         if self._replayer is None or self._replayer.graph.edges is not self.edges:
-            graph = self.graph
-            if self.edges is not graph.edges:
-                graph = DataflowGraph(graph.nodes, self.edges, graph.step_ns, graph.start_ns, graph.steps,
-                                      graph.collectives, graph.clock_offsets_ns, graph.hosts)
-            self._replayer = Replayer(graph)
+            self._replayer = Replayer(dataclasses.replace(self.graph, edges=self.edges))
         return self._replayer.replay(self.durations)
 
     def _collective(self, coll: str, occurrence: int) -> pd.Series:
