@@ -9,13 +9,14 @@ was busy: the per-connection statistics C4 localizes slow NICs and links from.
 
 from __future__ import annotations
 
-import csv
 import re
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from .sampling import CsvSampler
 
 COLUMNS = ("time_ns", "pid", "local", "peer", "bytes_acked", "bytes_received", "busy_ms", "rtt_ms",
            "min_rtt_ms", "delivery_rate_bps", "retrans_total")
@@ -49,51 +50,34 @@ def parse_ss(text: str) -> list[dict[str, str]]:
     return out
 
 
-class ConnectionSampler:
+class ConnectionSampler(CsvSampler):
     """Samples the TCP connections of process ``root`` (the job) and its descendants (torchrun
     starts its workers in sessions of their own)."""
 
+    columns = COLUMNS
+
     def __init__(self, path: Path, root: int, interval_s: float = 0.5) -> None:
-        self.path, self.root, self.interval_s = path, root, interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None
+        super().__init__(path, interval_s)
+        self.root = root
 
     def start(self) -> str:
         """Start sampling; a one-line note of what is sampled, or why nothing is."""
         if shutil.which("ss") is None:
             return "not sampled: ss (iproute2) not found"
-        self._thread = threading.Thread(target=self._run, name="dpro-connection-sampler", daemon=True)
-        self._thread.start()
+        self._launch("dpro-connection-sampler")
         return f"the job's TCP connections sampled every {self.interval_s * 1000:.0f} ms (ss)"
 
-    def stop(self) -> None:
-        """Stop sampling."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        with open(self.path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            try:
-                while not self._stop.is_set():
-                    self._sample(writer)
-                    f.flush()
-                    self._stop.wait(self.interval_s)
-            except Exception as e:  # a failing sampler is a note, never the job's problem
-                self.error = f"{type(e).__name__}: {e}"
-
-    def _sample(self, writer: csv.writer) -> None:
+    def _sample(self) -> list[list[Any]]:
         now = time.time_ns()
         text = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True,
                               timeout=10).stdout
         job = descendants(self.root)
+        rows = []
         for sock in parse_ss(text):
             pid = next((p for p in sock["pids"].split() if int(p) in job), None)
             if pid is not None:
-                writer.writerow([now, pid, sock["local"], sock["peer"], *(sock.get(c, "") for c in COLUMNS[4:])])
+                rows.append([now, pid, sock["local"], sock["peer"], *(sock.get(c, "") for c in COLUMNS[4:])])
+        return rows
 
 
 def descendants(root: int, proc: Path = Path("/proc")) -> set[int]:

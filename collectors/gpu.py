@@ -6,11 +6,11 @@ pay nothing for it. Samples go to a CSV file as they are taken, so a killed job 
 
 from __future__ import annotations
 
-import csv
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from .sampling import CsvSampler
 
 COLUMNS = (
     "time_ns", "gpu", "util_gpu_pct", "util_mem_pct", "sm_clock_mhz", "power_w", "mem_used_mib",
@@ -18,20 +18,18 @@ COLUMNS = (
 )
 
 
-class GpuSampler:
+class GpuSampler(CsvSampler):
     """Samples utilisation, SM clock, power, memory, throttle reasons and PCIe/NVLink traffic.
 
     ``start()`` returns a one-line note: what is sampled, or why nothing is (no NVML, no GPU).
     """
 
+    columns = COLUMNS
+
     def __init__(self, path: Path, interval_s: float = 0.1) -> None:
-        self.path = path
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(path, interval_s)
         self._nvml: Any = None
         self._handles: list[Any] = []
-        self.error: str | None = None
 
     def start(self) -> str:
         try:
@@ -45,36 +43,22 @@ class GpuSampler:
             return f"not sampled: NVML unavailable ({type(e).__name__}: {e})".strip()
         if not self._handles:
             return "not sampled: NVML found no GPU"
-        self._thread = threading.Thread(target=self._run, name="dpro-gpu-sampler", daemon=True)
-        self._thread.start()
+        self._launch("dpro-gpu-sampler")
         return f"sampled {len(self._handles)} GPU(s) every {self.interval_s * 1000:.0f} ms"
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         if self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()
             except Exception:
                 pass
 
-    def _run(self) -> None:
-        with open(self.path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(COLUMNS)
-            while not self._stop.is_set():
-                now = time.time_ns()
-                try:
-                    for i, h in enumerate(self._handles):
-                        writer.writerow([now, i, *self._sample(h)])
-                    f.flush()
-                except Exception as e:
-                    self.error = f"{type(e).__name__}: {e}"
-                    return
-                self._stop.wait(self.interval_s)
+    def _sample(self) -> list[list[Any]]:
+        now = time.time_ns()
+        return [[now, i, *self._read(h)] for i, h in enumerate(self._handles)]
 
-    def _sample(self, h: Any) -> list[Any]:
+    def _read(self, h: Any) -> list[Any]:
         nv = self._nvml
         util = _optional(nv.nvmlDeviceGetUtilizationRates, h)
         mem = _optional(nv.nvmlDeviceGetMemoryInfo, h)
