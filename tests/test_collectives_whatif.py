@@ -128,10 +128,15 @@ def test_incremental_replay_matches_a_full_one(run_graph: DataflowGraph) -> None
 
 def test_breakdown_adds_up_and_names_the_slow_rank(run_graph: DataflowGraph) -> None:
     result = replay(run_graph)
+    # On a short recording the all-reduce may overlap the step entirely (off the critical
+    # path); with transfers 20 times slower it cannot.
+    slow_links = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["kind"] == "transfer", 20.0, 1.0)
+    exposed = replay(run_graph, durations=slow_links)
     for rank in (0, 1):
         parts = breakdown(run_graph, result, rank)
         assert sum(parts[f"{c}_ms"] for c in CATEGORIES) == pytest.approx(parts["span_ms"])
-        assert parts["compute_ms"] > 0 and parts["communication_ms"] > 0
+        assert parts["compute_ms"] > 0
+        assert breakdown(run_graph, exposed, rank)["communication_ms"] > parts["communication_ms"]
     slower_rank1 = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["rank"] == 1, 3.0, 1.0)
     slowed = replay(run_graph, durations=slower_rank1)
     assert breakdown(run_graph, slowed, 0)["waiting_ms"] > breakdown(run_graph, slowed, 1)["waiting_ms"], \
