@@ -13,7 +13,7 @@ import json
 import sys
 
 BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
-              "benchmarks.replay_speed", "benchmarks.localization")
+              "benchmarks.replay_speed", "benchmarks.run_model", "benchmarks.localization")
 
 
 def format_table(rows: list[dict]) -> str:

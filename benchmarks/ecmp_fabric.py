@@ -1,7 +1,7 @@
 """A fabric with opaque ECMP for the localization benchmark: random paths, shared links.
 
 Each probe takes one of its equal-cost paths at random (every switch picks a next hop uniformly:
-:meth:`dpro.anomaly.routing.Routing.route` with a generator), which the analysis never sees.
+:meth:`dpro.anomaly.fabric.routing.Routing.route` with a generator), which the analysis never sees.
 Probes of one round that cross a link in the same direction split its capacity: a probe gets
 ``min`` over the NIC ports and directed links it crosses of ``capacity / probes there`` (links
 are full duplex; switches do not block), where a healthy element has capacity 1 and a faulty one
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpro.anomaly.routing import Routing
+from dpro.anomaly.fabric.routing import Routing
 
 WAVES_AT_ONCE = 64  # rounds whose loads are counted together (bounds memory)
 
 
 @dataclass(frozen=True)
 class Degradation:
-    """A faulty component (id as in :func:`dpro.anomaly.tomography.components`) at ``share`` of
+    """A faulty component (id as in :func:`dpro.anomaly.fabric.tomography.components`) at ``share`` of
     its capacity, per round (``share[round]``, 1 when healthy)."""
 
     component: int

@@ -1,6 +1,6 @@
 """Fault localization on simulated fat trees: precision, recall and time of the tomography.
 
-Each trial builds a fat tree (:func:`dpro.anomaly.topology.fat_tree`), injects 0 to 4 random
+Each trial builds a fat tree (:func:`dpro.anomaly.fabric.topology.fat_tree`), injects 0 to 4 random
 faults and simulates the round-robin probes (both directions of every pair of a round):
 
 - slow link: a switch-to-switch link carries 20-70% of its bandwidth;
@@ -9,7 +9,7 @@ faults and simulates the round-robin probes (both directions of every pair of a 
 - flapping link: a link at 20-50% in a random 20-60% of the rounds, full speed in the others.
 
 A probe gets the bandwidth of its slowest faulty component, times lognormal noise
-(sigma 3%). Probes follow the per-hop ECMP hash that :mod:`dpro.anomaly.routing` also uses:
+(sigma 3%). Probes follow the per-hop ECMP hash that :mod:`dpro.anomaly.fabric.routing` also uses:
 the analysis knows each probe's path, as it would with static routing or path-pinned probes.
 At most 256 rounds are probed (all n - 1 rounds up to 257 hosts; at one round a second, 256
 rounds take four minutes of probing whatever the cluster's size).
@@ -36,11 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpro.anomaly.probes import Probes, round_robin, slow
-from dpro.anomaly.routing import Routing
+from dpro.anomaly.fabric.probes import Probes, round_robin, slow
+from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.suspects import Suspect
-from dpro.anomaly.tomography import components, localize
-from dpro.anomaly.topology import fat_tree
+from dpro.anomaly.fabric.routing import components
+from dpro.anomaly.fabric.tomography import localize
+from dpro.anomaly.fabric.topology import fat_tree
 
 SIZES, QUICK_SIZES = (128, 512, 1024, 4096), (128, 1024)
 TRIALS, QUICK_TRIALS = 10, 4
@@ -51,7 +52,7 @@ FAULT_KINDS = ("slow link", "slow NIC", "slow host", "flapping link")
 
 @dataclass(frozen=True)
 class Fault:
-    """An injected fault: its kind and component id (see :func:`dpro.anomaly.tomography.components`)."""
+    """An injected fault: its kind and component id (see :func:`dpro.anomaly.fabric.tomography.components`)."""
 
     kind: str
     component: int

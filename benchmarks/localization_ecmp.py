@@ -4,11 +4,11 @@ The harder variant of :mod:`benchmarks.localization`, on the same fat trees with
 kinds and noise, simulated by :mod:`benchmarks.ecmp_fabric`: every probe takes one of its
 equal-cost paths at random, unseen by the analysis, and probes of a round that cross a link the
 same way split its capacity. The analysis knows only each probe's set of paths
-(:func:`dpro.anomaly.tomography.localize` with ``ecmp="all"``).
+(:func:`dpro.anomaly.fabric.tomography.localize` with ``ecmp="all"``).
 
 **Schedule.** In the circle schedule, where every host of a leaf probes at once, most probes
 that leave their switch share a link with another probe of their round (the ``collided`` rows,
-baseline column). Probes run in waves instead (:mod:`dpro.anomaly.waves`): every host probes one
+baseline column). Probes run in waves instead (:mod:`dpro.anomaly.fabric.waves`): every host probes one
 partner, but at most one pair leaves each edge switch and POD_PAIRS pairs each pod, so probes
 can meet only on a pod's core links (dpro column), where the analysis leaves out the slow probes
 that may have met. One pair per pod would rule collisions out, but a pod's core links would then
@@ -17,7 +17,7 @@ than a circle round, so there are 1,024 waves (17 minutes at one wave a second) 
 known-path rows probe 256 rounds.
 
 **Scoring.** Probes cannot tell apart links on the same share of the same paths (a leaf's 16
-uplinks, a pod's 256 core links; see :mod:`dpro.anomaly.multipath`), so a suspect is right when
+uplinks, a pod's 256 core links; see :mod:`dpro.anomaly.fabric.multipath`), so a suspect is right when
 a fault is the component it names or one listed in its ``same_as``; a fault is found when a
 suspect is right about it. The baseline is the plain greedy set cover of the known-path rows,
 scored the same way, taking each probe to have followed the routing's hash.
@@ -32,12 +32,12 @@ import time
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.multipath import classes
-from dpro.anomaly.probes import Probes, round_robin
-from dpro.anomaly.routing import Routing
-from dpro.anomaly.tomography import localize
-from dpro.anomaly.topology import fat_tree
-from dpro.anomaly.waves import edge_groups, waves
+from dpro.anomaly.fabric.multipath import classes
+from dpro.anomaly.fabric.probes import Probes, round_robin
+from dpro.anomaly.fabric.routing import Routing
+from dpro.anomaly.fabric.tomography import localize
+from dpro.anomaly.fabric.topology import fat_tree
+from dpro.anomaly.fabric.waves import edge_groups, waves
 
 from .ecmp_fabric import Degradation, bandwidth
 from .localization import FAULT_KINDS, NOISE, QUICK_SIZES, QUICK_TRIALS, SIZES, TRIALS, _plain_cover, _rates, _row
@@ -100,7 +100,7 @@ def collided(rng: np.random.Generator, topology: nx.MultiGraph, routing: Routing
 
 
 def _named(routing: Routing, name: str) -> int:
-    """The component id (see :func:`dpro.anomaly.tomography.components`) of a NIC, link or switch."""
+    """The component id (see :func:`dpro.anomaly.fabric.tomography.components`) of a NIC, link or switch."""
     if name in routing.nics:
         return routing.nics.index(name)
     if name in routing.links:

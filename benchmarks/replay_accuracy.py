@@ -1,11 +1,11 @@
 """Replay accuracy: measured against predicted step time on real recorded runs and on the
-shared GPU traces, with and without clock alignment.
+real GPU traces in tests/data, with and without clock alignment.
 
 Recorded cases: the example job in three shapes (GPT, MLP, CNN) × two DDP bucket sizes, 2 ranks
 with gloo, and the GPT on 2 hosts (network namespaces, root only) with one host's link throttled
 by ``tc tbf``, all recorded with ``dpro record`` in this run; measured is the mean step time over the
 profiled steps, predicted is the replay of the graph built from them (per-op means). Every
-multi-rank case is also replayed with ``align=False``. The shared GPU traces are single ranks
+multi-rank case is also replayed with ``align=False``. The GPU traces are single ranks
 recorded elsewhere. Clock alignment: a host clock offset emulated on one recorded run (see
 ``_clock_rows``). What-if check: bucket fusion predicted from the 1 MB-bucket runs against the
 measured 25 MB-bucket runs. (Replay speed is benchmarks/replay_speed.py.)
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpro.graph.dataflow import DataflowGraph, build_graph, clock_offsets, ddp_bucket_bytes, load_run_traces
+from dpro.analysis import RunAnalysis
+from dpro.graph.dataflow import DataflowGraph, graph_from_traces
 from dpro.graph.kineto import TraceTables, load_trace
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf
@@ -33,7 +34,7 @@ from dpro.run_format import Run, open_run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_lm.py"
-TRACES = ROOT.parent / "shared" / "traces" / "gpu"
+TRACES = ROOT / "tests" / "data" / "gpu"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 ARCHS = {"gpt": ["--arch", "gpt"], "mlp": ["--arch", "mlp"], "cnn": ["--arch", "cnn"]}
 BUCKETS_MB = (1, 25)
@@ -68,7 +69,12 @@ class Case:
     name: str
     traces: dict[int, TraceTables]
     offsets: dict[int, int]
-    run: Run | None = None
+    run: RunAnalysis | None = None
+
+
+def _recorded(name: str, run: Run) -> Case:
+    analysis = RunAnalysis(run)
+    return Case(name, {r: analysis.tables(r) for r in analysis.ranks}, analysis.recorded_offsets, analysis)
 
 
 def cases(quick: bool, tmp: Path) -> list[Case]:
@@ -79,14 +85,12 @@ def cases(quick: bool, tmp: Path) -> list[Case]:
         for bucket in BUCKETS_MB:
             run_dir = tmp / f"{arch}-{bucket}mb"
             _record(run_dir, [*ARCHS[arch], "--bucket-cap-mb", str(bucket)])
-            run = open_run(run_dir)
-            out.append(Case(f"{arch}, buckets {bucket} MB, 2 ranks", load_run_traces(run), clock_offsets(run), run))
+            out.append(_recorded(f"{arch}, buckets {bucket} MB, 2 ranks", open_run(run_dir)))
     throttled = _throttled_run(tmp / "gpt-throttled")
     if throttled is not None:
-        out.append(Case("gpt, 2 hosts, host 1's link at 100mbit (tc tbf)", load_run_traces(throttled),
-                        clock_offsets(throttled), throttled))
-    for path in sorted(TRACES.glob("*.json.gz")) if TRACES.is_dir() else []:
-        tables = load_trace(path)
+        out.append(_recorded("gpt, 2 hosts, host 1's link at 100mbit (tc tbf)", throttled))
+    for path in sorted(TRACES.glob("*.json.gz")):
+        tables = load_trace(path, cache=False)
         if len(tables.steps):
             out.append(Case(path.name, {tables.meta["rank"]: tables}, {tables.meta["rank"]: 0}))
     return out
@@ -94,9 +98,8 @@ def cases(quick: bool, tmp: Path) -> list[Case]:
 
 def _graph(case: Case, align: bool = True, traces: dict | None = None, offsets: dict | None = None) -> DataflowGraph:
     run = case.run
-    return build_graph(traces or case.traces, offsets or case.offsets, align=align,
-                       bucket_bytes=ddp_bucket_bytes(run) if run else None,
-                       hosts={r: str(run.rank_meta(r).get("host", "")) for r in run.ranks} if run else None)
+    return graph_from_traces(traces or case.traces, offsets=offsets or case.offsets, align=align,
+                             bucket_bytes=run.bucket_bytes() if run else None, hosts=run.hosts if run else None)
 
 
 def _job_ms(step_ns: dict[int, float]) -> float:
@@ -156,12 +159,12 @@ def _fusion_rows(by_name: dict[str, Case]) -> list[dict]:
     return rows
 
 
-def _fusion_groups(small: Run, large: Run) -> list[list[int]]:
+def _fusion_groups(small: RunAnalysis, large: RunAnalysis) -> list[list[int]]:
     """The small run's buckets (by order of reduction) grouped as the large run's buckets hold
     their parameters."""
-    home = {p["name"]: b["index"] for b in large.rank_meta(0)["ddp"][0]["buckets"] for p in b["params"]}
+    home = {p["name"]: b["index"] for b in large.metas[0]["ddp"][0]["buckets"] for p in b["params"]}
     groups: dict[int, list[int]] = {}
-    for k, bucket in enumerate(small.rank_meta(0)["ddp"][0]["buckets"]):
+    for k, bucket in enumerate(small.metas[0]["ddp"][0]["buckets"]):
         groups.setdefault(home[bucket["params"][-1]["name"]], []).append(k)
     return [g for _, g in sorted(groups.items())]
 

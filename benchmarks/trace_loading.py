@@ -1,5 +1,5 @@
 """Trace loading: :func:`dpro.graph.kineto.load_trace` against HolisticTraceAnalysis (HTA), the
-usual way to load Kineto traces into pandas, on the real GPU traces in ``shared/traces/gpu``.
+usual way to load Kineto traces into pandas, on the real GPU traces in ``tests/data/gpu``.
 
     python benchmarks/trace_loading.py [--quick]     # or: python -m benchmarks --only trace_loading
 
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT.parent / "shared" / "traces" / "gpu"
+TRACES = ROOT / "tests" / "data" / "gpu"  # real traces from public projects; see tests/data/NOTICE
 HTA_VENV = Path(__file__).resolve().parent / ".hta-venv"
 
 # Run in the child: the imports, then one load. The peak is the kernel's high-water mark of

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .sampling import CsvSampler
+from dpro.collectors.sampling import CsvSampler
 
 COLUMNS = ("time_ns", "pid", "local", "peer", "bytes_acked", "bytes_received", "busy_ms", "rtt_ms",
            "min_rtt_ms", "delivery_rate_bps", "retrans_total")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .sampling import CsvSampler
+from dpro.collectors.sampling import CsvSampler
 
 COLUMNS = (
     "time_ns", "gpu", "util_gpu_pct", "util_mem_pct", "sm_clock_mhz", "power_w", "mem_used_mib",

@@ -30,6 +30,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from dpro.run_format import (CLOCK_FILE, ERRORS_FILE, META_FILE, STEPS_COLUMNS, STEPS_FILE, TRACE_FILE,
+                             early_errors_file, rank_dir)
+
 ENV_RUN_DIR = "DPRO_RUN_DIR"
 ENV_SKIP = "DPRO_SKIP"
 ENV_WARMUP = "DPRO_WARMUP"
@@ -85,8 +88,7 @@ class _Recorder:
     def log_error(self, where: str, exc: BaseException | None = None, disable: bool = False) -> None:
         """Append a failure to the rank's errors.log (or the run's, before a rank is known)."""
         try:
-            path = (self.rank_dir or self.run_dir) / ("errors.log" if self.rank_dir
-                                                      else f"errors-{os.getpid()}.log")
+            path = self.rank_dir / ERRORS_FILE if self.rank_dir else early_errors_file(self.run_dir, os.getpid())
             detail = "".join(traceback.format_exception(exc)) if exc else ""
             with open(path, "a") as f:
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()} {where}"
@@ -100,29 +102,29 @@ class _Recorder:
     # -- attaching ----------------------------------------------------------------------------
     def attach(self) -> None:
         """Take a rank directory and write the rank's metadata; start the clock measurement."""
-        from . import clock, metadata
+        from dpro.collectors import clock, metadata
 
         rank, world_size = metadata.rank_and_world_size()
-        rank_dir = self.run_dir / "ranks" / str(rank)
+        own = rank_dir(self.run_dir, rank)
         try:
-            rank_dir.mkdir(parents=True)
+            own.mkdir(parents=True)
         except FileExistsError:
-            self.log_error(f"rank {rank}: {rank_dir} exists already (another process of this job "
+            self.log_error(f"rank {rank}: {own} exists already (another process of this job "
                            f"took rank {rank}, or the run was not empty)", disable=True)
             return
-        self.rank, self.rank_dir = rank, rank_dir
-        self.steps_fd = os.open(rank_dir / "steps.csv", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.rank, self.rank_dir = rank, own
+        self.steps_fd = os.open(own / STEPS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         stat = os.fstat(self.steps_fd)
         self.steps_file_id = (stat.st_dev, stat.st_ino)
-        os.write(self.steps_fd, b"step,start_ns,end_ns,phase\n")
+        os.write(self.steps_fd, (",".join(STEPS_COLUMNS) + "\n").encode())
         self.write_metadata()
-        clock.measure_offset_in_background(rank, world_size, rank_dir / "clock.json", self.log_error)
+        clock.measure_offset_in_background(rank, world_size, own / CLOCK_FILE, self.log_error)
 
     def write_metadata(self) -> None:
-        from . import metadata
+        from dpro.collectors import metadata
 
         assert self.rank_dir is not None
-        metadata.write_rank_metadata(self.rank_dir / "meta.json", self.window_options(),
+        metadata.write_rank_metadata(self.rank_dir / META_FILE, self.window_options(),
                                      list(self.ddp_modules))
 
     def window_options(self) -> dict[str, int]:
@@ -179,8 +181,8 @@ class _Recorder:
 
     def save_trace(self, profiler: Any) -> None:
         assert self.rank_dir is not None
-        path = self.rank_dir / "trace.json.gz"
-        tmp = self.rank_dir / f".trace.{os.getpid()}.json.gz"
+        path = self.rank_dir / TRACE_FILE
+        tmp = self.rank_dir / f".{os.getpid()}.{TRACE_FILE}"
         profiler.export_chrome_trace(str(tmp))
         os.replace(tmp, path)
         self.export_step = self.step

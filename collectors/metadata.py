@@ -12,7 +12,7 @@ from typing import Any
 
 from dpro.run_format import write_json_atomic
 
-from .environment import redact_environment
+from dpro.collectors.environment import redact_environment
 
 
 def rank_and_world_size() -> tuple[int, int]:

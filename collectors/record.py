@@ -19,13 +19,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dpro.collectors import hooks
+from dpro.collectors.connections import ConnectionSampler
+from dpro.collectors.counters import Snapshot, take_snapshot
+from dpro.collectors.counters.sysfs import SYSFS_ROOT_ENV
+from dpro.collectors.gpu import GpuSampler
 from dpro.errors import DproError
-from dpro.run_format import (RunFormatError, create_manifest, is_run_dir, new_manifest, open_run,
-                             write_json_atomic)
-
-from . import hooks, nic
-from .connections import ConnectionSampler
-from .gpu import GpuSampler
+from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, NCCL_LOG_PATTERN,
+                             NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
+                             open_run, write_json_atomic)
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -83,13 +85,13 @@ def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[s
     env[hooks.ENV_SKIP], env[hooks.ENV_WARMUP], env[hooks.ENV_STEPS] = (
         str(opts.skip), str(opts.warmup), str(opts.steps))
     if opts.sysfs_root:
-        env[nic.SYSFS_ROOT_ENV] = opts.sysfs_root
+        env[SYSFS_ROOT_ENV] = opts.sysfs_root
     if "NCCL_DEBUG" in base:
         return env, f"NCCL_DEBUG={base['NCCL_DEBUG']} set by the user: NCCL logs left where the user sends them"
     env["NCCL_DEBUG"] = "INFO"
     env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV,GRAPH,TUNING")
-    (opts.output / "nccl").mkdir(exist_ok=True)
-    env.setdefault("NCCL_DEBUG_FILE", str(opts.output.resolve() / "nccl" / "%h.%p.log"))
+    nccl_dir(opts.output).mkdir(exist_ok=True)
+    env.setdefault("NCCL_DEBUG_FILE", str(nccl_dir(opts.output.resolve()) / NCCL_LOG_PATTERN))
     return env, "NCCL_DEBUG=INFO"
 
 
@@ -136,23 +138,22 @@ def record(command: list[str], opts: RecordOptions) -> int:
                           "--nproc-per-node 2 train.py")
     prepare_run_dir(opts, command)
     host = socket.gethostname()
-    node_dir = opts.output / "nodes" / f"{host}-{os.getpid()}"
-    node_dir.mkdir(parents=True)
+    node = node_dir(opts.output, host, os.getpid())
+    node.mkdir(parents=True)
     env, nccl_note = child_environment(opts, dict(os.environ))
-    node: dict[str, Any] = {"host": host, "pid": os.getpid(), "command": command,
-                            "started_ns": time.time_ns(), "collectors": {"nccl": nccl_note}}
-    write_json_atomic(node_dir / "node.json", node)
+    facts: dict[str, Any] = {"host": host, "pid": os.getpid(), "command": command,
+                             "started_ns": time.time_ns(), "collectors": {"nccl": nccl_note}}
+    write_json_atomic(node / NODE_FILE, facts)
 
-    nic_start = nic.snapshot(opts.sysfs_root)
-    write_json_atomic(node_dir / "nic-start.json", nic_start)
+    write_json_atomic(node / COUNTERS_START_FILE, take_snapshot(opts.sysfs_root).to_dict())
     tty = _foreground_tty()
     child = _start_child(command, env, tty)
     forward = lambda signum, frame: _forward(child.pid, signum)  # noqa: E731
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
-    sampler = GpuSampler(node_dir / "gpu-samples.csv", opts.gpu_interval_s)
-    node["collectors"]["gpu"] = sampler.start()
-    connections = ConnectionSampler(node_dir / "connections.csv", child.pid)
-    node["collectors"]["connections"] = connections.start()
+    sampler = GpuSampler(node / GPU_SAMPLES_FILE, opts.gpu_interval_s)
+    facts["collectors"]["gpu"] = sampler.start()
+    connections = ConnectionSampler(node / CONNECTIONS_FILE, child.pid)
+    facts["collectors"]["connections"] = connections.start()
     try:
         status = child.wait()
     finally:
@@ -161,17 +162,17 @@ def record(command: list[str], opts: RecordOptions) -> int:
         _give_terminal(tty)
         sampler.stop()
         connections.stop()
-    nic_end = nic.snapshot(opts.sysfs_root)
-    write_json_atomic(node_dir / "nic-end.json", nic_end)
-    node["collectors"]["nic"] = _nic_note(nic_end)
-    node["collectors"]["nccl"] += _nccl_logs_note(opts.output / "nccl")
+    end = take_snapshot(opts.sysfs_root)
+    write_json_atomic(node / COUNTERS_END_FILE, end.to_dict())
+    facts["collectors"]["counters"] = _counters_note(end)
+    facts["collectors"]["nccl"] += _nccl_logs_note(nccl_dir(opts.output))
     if sampler.error:
-        node["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
+        facts["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
     if connections.error:
-        node["collectors"]["connections"] += f"; stopped early: {connections.error}"
-    node.update(ended_ns=time.time_ns(), exit_code=status if status >= 0 else None,
-                signal=signal.Signals(-status).name if status < 0 else None)
-    write_json_atomic(node_dir / "node.json", node)
+        facts["collectors"]["connections"] += f"; stopped early: {connections.error}"
+    facts.update(ended_ns=time.time_ns(), exit_code=status if status >= 0 else None,
+                 signal=signal.Signals(-status).name if status < 0 else None)
+    write_json_atomic(node / NODE_FILE, facts)
     return status
 
 
@@ -196,12 +197,13 @@ def _nccl_logs_note(nccl_dir: Path) -> str:
     return "; no NCCL log written (the job did not use NCCL)"
 
 
-def _nic_note(snapshot: dict[str, Any]) -> str:
-    parts = [f"RDMA: {sum(len(p) for p in snapshot['rdma'].values())} port(s)" if snapshot["rdma"]
-             else snapshot["notes"]["rdma"],
-             f"netdev: {len(snapshot['netdev'])} interface(s)" if snapshot["netdev"]
-             else snapshot["notes"]["netdev"]]
-    return "counters at start and end; " + "; ".join(parts)
+def _counters_note(snapshot: Snapshot) -> str:
+    """What the counter snapshots hold: devices per source, and what was missing."""
+    devices: dict[str, set[str]] = {}
+    for key in snapshot.values:
+        devices.setdefault(key.source, set()).add(key.device)
+    held = ", ".join(f"{source} {len(d)} device(s)" for source, d in sorted(devices.items()))
+    return "; ".join([f"snapshots at start and end: {held or 'no counter'}", *snapshot.notes])
 
 
 def exit_like(status: int) -> int:

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .run_format import RunFormatError, open_run, write_json_atomic
+from dpro.run_format import RunFormatError, open_run, write_json_atomic
 
 
 def merge_runs(sources: list[Path], output: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The run directory: its layout, its manifest and its reader.
+"""The run directory: its layout, its manifest, its writers' helpers and its reader.
 
 This module alone knows where things live in a run directory (see ``docs/run-format.md``)::
 
@@ -6,39 +6,92 @@ This module alone knows where things live in a run directory (see ``docs/run-for
       run.json                      manifest: format name and version, command, options
       nodes/<host>-<pid>/node.json  one per ``dpro record`` process: host, times, exit status,
                                     what each node-level collector did
-      nodes/<host>-<pid>/nic-start.json, nic-end.json, gpu-samples.csv
+      nodes/<host>-<pid>/counters-start.json, counters-end.json   host counter snapshots
+      nodes/<host>-<pid>/gpu-samples.csv, connections.csv          samplers
       ranks/<rank>/meta.json        per-rank metadata (host, groups, versions, devices, DDP buckets)
       ranks/<rank>/steps.csv        wall time of every step: step,start_ns,end_ns,phase
       ranks/<rank>/clock.json       offset of this rank's clock against rank 0
       ranks/<rank>/trace.json.gz    torch.profiler (Kineto) trace of the profiled steps
       ranks/<rank>/errors.log       failures of dpro's hooks in this rank (the job went on)
       nccl/<host>.<pid>.log         NCCL_DEBUG=INFO output, when NCCL is used
+      derived/                      caches of the analysis (rebuilt whenever their inputs change)
 
 Writers create files atomically (write to a temporary name, then rename) so that a reader never
-sees half a JSON file, even when the job is killed.
+sees half a file, even when the job is killed. Importing this module is cheap (no pandas): the
+hooks inside the training job use it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+from dpro.errors import DproError
 
-from .errors import DproError
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMAT_NAME = "dpro-run"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
+
+# file names inside a rank's and a node's directory
+META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE, ERRORS_FILE = (
+    "meta.json", "steps.csv", "clock.json", "trace.json.gz", "errors.log")
+NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start.json", "counters-end.json"
+GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
+NCCL_LOG_PATTERN = "%h.%p.log"  # NCCL_DEBUG_FILE: NCCL replaces %h by the host and %p by the pid
+DERIVED = "derived"
 
 
 class RunFormatError(DproError, ValueError):
     """A path that is not a run directory this version of dpro can read."""
+
+
+# --- where things live ---------------------------------------------------------------------------
+
+
+def rank_dir(root: Path, rank: int) -> Path:
+    """The directory of one rank of a run."""
+    return root / "ranks" / str(rank)
+
+
+def node_dir(root: Path, host: str, pid: int) -> Path:
+    """The directory of one ``dpro record`` process (a node) of a run."""
+    return root / "nodes" / f"{host}-{pid}"
+
+
+def nccl_dir(root: Path) -> Path:
+    """Where the job's NCCL logs go (``NCCL_DEBUG_FILE``)."""
+    return root / "nccl"
+
+
+def early_errors_file(root: Path, pid: int) -> Path:
+    """Where a hook's failure goes before its process knows its rank."""
+    return root / f"errors-{pid}.log"
+
+
+def user_cache_dir() -> Path:
+    """dpro's per-user cache: ``$XDG_CACHE_HOME/dpro`` (default ``~/.cache/dpro``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpro"
+
+
+def may_write(folder: Path) -> bool:
+    """Writable, and not marked read-only by its permission bits (which root would ignore)."""
+    try:
+        return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
+# --- writing ---------------------------------------------------------------------------------
 
 
 def format_major(version: str) -> int:
@@ -46,19 +99,24 @@ def format_major(version: str) -> int:
     return int(str(version).split(".", 1)[0])
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+def write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+    """Call ``write(temporary path)``, then rename the file to ``path`` (readers never see half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.write("\n")
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 def read_json(path: Path) -> Any:
@@ -101,6 +159,9 @@ def create_manifest(root: Path, manifest: dict[str, Any]) -> bool:
         tmp.unlink(missing_ok=True)
 
 
+# --- reading -----------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Run:
     """A run directory opened for reading."""
@@ -117,25 +178,37 @@ class Run:
         return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
 
     def rank_dir(self, rank: int) -> Path:
-        return self.root / "ranks" / str(rank)
+        return rank_dir(self.root, rank)
 
     def rank_meta(self, rank: int) -> dict[str, Any]:
         """The rank's ``meta.json``, or ``{}`` when the rank wrote none."""
-        path = self.rank_dir(rank) / "meta.json"
+        path = self.rank_dir(rank) / META_FILE
         return read_json(path) if path.exists() else {}
 
     def trace_path(self, rank: int) -> Path | None:
         """The rank's Kineto trace, when it was written."""
-        path = self.rank_dir(rank) / "trace.json.gz"
+        path = self.rank_dir(rank) / TRACE_FILE
         return path if path.exists() else None
+
+    def errors_path(self, rank: int) -> Path:
+        return self.rank_dir(rank) / ERRORS_FILE
+
+    def clock_offset_ns(self, rank: int) -> int:
+        """The rank's recorded clock offset against rank 0 (0 where it was not measured)."""
+        path = self.rank_dir(rank) / CLOCK_FILE
+        return int((read_json(path).get("offset_ns") if path.exists() else None) or 0)
 
     def steps(self, rank: int) -> pd.DataFrame:
         """Every step the rank timed: ``step`` (int64), ``start_ns``, ``end_ns`` (Int64, epoch ns;
         ``start_ns`` is missing for step 0, which begins somewhere in the script's setup),
-        ``dur_ns`` (Int64) and ``phase`` ("", "warmup" or "profiled")."""
-        path = self.rank_dir(rank) / "steps.csv"
+        ``dur_ns`` (Int64) and ``phase`` ("", "warmup", "profiled" or "export")."""
+        import pandas as pd
+
+        path = self.rank_dir(rank) / STEPS_FILE
         if not path.exists():
-            return _empty_steps()
+            return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="Int64"),
+                                 "end_ns": pd.Series(dtype="Int64"), "dur_ns": pd.Series(dtype="Int64"),
+                                 "phase": pd.Series(dtype="string")})
         try:
             df = pd.read_csv(path, dtype={"step": "int64", "start_ns": "Int64",
                                           "end_ns": "Int64", "phase": "string"},
@@ -146,18 +219,43 @@ class Run:
         df["dur_ns"] = df["end_ns"] - df["start_ns"]
         return df[["step", "start_ns", "end_ns", "dur_ns", "phase"]]
 
+    def node_dirs(self) -> list[Path]:
+        """The directory of every recording process (node), sorted."""
+        d = self.root / "nodes"
+        return sorted(p.parent for p in d.glob(f"*/{NODE_FILE}")) if d.is_dir() else []
+
     def nodes(self) -> list[dict[str, Any]]:
         """The ``node.json`` of every recording process."""
-        d = self.root / "nodes"
-        if not d.is_dir():
-            return []
-        return [read_json(p) for p in sorted(d.glob("*/node.json"))]
+        return [read_json(d / NODE_FILE) for d in self.node_dirs()]
 
+    def node_files(self, *names: str) -> list[tuple[str, list[Path]]]:
+        """For each node holding every file of ``names``: its host and those files' paths."""
+        out = []
+        for d, node in zip(self.node_dirs(), self.nodes()):
+            paths = [d / name for name in names]
+            if all(p.is_file() and p.stat().st_size for p in paths):
+                out.append((str(node.get("host", d.name)), paths))
+        return out
 
-def _empty_steps() -> pd.DataFrame:
-    return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_ns": pd.Series(dtype="Int64"),
-                         "end_ns": pd.Series(dtype="Int64"), "dur_ns": pd.Series(dtype="Int64"),
-                         "phase": pd.Series(dtype="string")})
+    def nccl_logs(self) -> list[Path]:
+        """The NCCL log files the job wrote."""
+        d = nccl_dir(self.root)
+        return sorted(d.glob("*.log")) if d.is_dir() else []
+
+    def analysis_inputs(self) -> list[Path]:
+        """Every file the analysis of the traces reads (its caches are keyed by them)."""
+        files = [self.root / MANIFEST]
+        for rank in self.ranks:
+            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE)]
+        return [f for f in files + self.nccl_logs() if f.exists()]
+
+    def derived_dir(self) -> Path:
+        """Where the analysis keeps its caches: ``RUN/derived/``, or a folder of the user's cache
+        (``~/.cache/dpro/runs/<hash of the run's path>/``) when the run cannot be written."""
+        inside = self.root / DERIVED
+        if may_write(inside if inside.exists() else self.root):
+            return inside
+        return user_cache_dir() / "runs" / hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()
 
 
 def is_run_dir(path: Path) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import gc
 import os
 import time
 
@@ -202,6 +203,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.step_times:
         with open(f"{args.step_times}.{rank}", "w") as f:
             f.write("".join(f"{t}\n" for t in ends))
+    # Free the process group's last users (DDP's reducer sits in reference cycles) so that
+    # destroying it joins gloo's worker threads now: left running into interpreter shutdown, a
+    # worker that frees a finished collective aborts the process with "terminate called without
+    # an active exception" (torch 2.13 on CPU: 4 runs in 40 of this script, with or without dpro;
+    # none in 40 with this teardown).
+    del ddp, optimizer, model
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -20,8 +20,9 @@ The algorithm of a collective comes from NCCL (its kernel's name, ``ncclKernel_A
 or the tuning lines of its log, :func:`nccl_log_algorithms`), else the backend's default
 (:func:`default_algorithm`).
 
-    >>> [(t.step, t.src, t.dst) for t in schedule("all_reduce", 2, "ring")]
-    [(0, 0, 1), (0, 1, 0), (1, 0, 1), (1, 1, 0)]
+    >>> s = schedule("all_reduce", 2, "ring")
+    >>> s.steps, s.pairs()
+    (2, [(0, 1), (1, 0), (0, 1), (1, 0)])
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpro.graph.vocabulary import P2P_FAMILIES, ROOTED_FAMILIES, canonical_collective, collective_family
 
 RING, TREE, PAIRWISE, DIRECT = "ring", "tree", "pairwise", "direct"
-_TREE_ROOTED = {"broadcast", "reduce", "gather", "scatter"}
-_P2P = {"send", "recv", "send_recv", "recv_any_source"}
 # NCCL's algorithm numbers in its tuning log (src/include/device.h: NCCL_ALGO_TREE = 0, ...)
 _NCCL_ALGORITHMS = {0: TREE, 1: RING, 2: "collnet_direct", 3: "collnet_chain", 4: "nvls", 5: "nvls_tree", 6: "pat"}
 # NCCL >= 2.19: "NCCL INFO AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..1}";
@@ -43,87 +47,98 @@ _NCCL_KERNEL = re.compile(r"nccl(?:Dev)?Kernel_\w+?_(?P<algo>RING|TREE|COLLNET_D
 
 
 @dataclass(frozen=True)
-class Transfer:
-    """One send in a collective: at ``step``, group member ``src`` sends ``fraction`` of the
-    collective's bytes to ``dst`` (positions in the group, not global ranks)."""
+class Schedule:
+    """The sends of a collective, in order of step: at ``step[i]``, group member ``src[i]`` sends
+    ``fraction[i]`` of the collective's bytes to ``dst[i]`` (positions in the group, not ranks)."""
 
-    step: int
-    src: int
-    dst: int
-    fraction: float
+    step: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    fraction: np.ndarray
 
+    def __len__(self) -> int:
+        return len(self.step)
 
-def _canonical(coll: str) -> str:
-    coll = coll.lstrip("_")
-    for prefix in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
-        if coll.startswith(prefix):
-            return prefix
-    return coll
+    @property
+    def steps(self) -> int:
+        """How many sequential steps the schedule has."""
+        return int(self.step.max()) + 1 if len(self.step) else 0
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """``(src, dst)`` of every send, in order."""
+        return list(zip(self.src.tolist(), self.dst.tolist()))
 
 
 def default_algorithm(coll: str) -> str:
     """The algorithm gloo and NCCL use by default for ``coll`` (NCCL picks tree for small
     all-reduces across nodes; its logs or kernel names say so when it does)."""
-    coll = _canonical(coll)
-    if coll in _P2P:
+    coll = collective_family(coll)
+    if coll in P2P_FAMILIES:
         return DIRECT
-    if coll in _TREE_ROOTED:
+    if coll in ROOTED_FAMILIES:
         return TREE
     if coll == "all_to_all":
         return PAIRWISE
     return RING
 
 
-def schedule(coll: str, n: int, algorithm: str | None = None, root: int = 0) -> list[Transfer]:
-    """The transfers of collective ``coll`` over ``n`` group members with ``algorithm``.
+def schedule(coll: str, n: int, algorithm: str | None = None, root: int = 0) -> Schedule:
+    """The sends of collective ``coll`` over ``n`` group members with ``algorithm``.
 
-    Algorithms dpro cannot decompose (NCCL's collnet and NVLS, which run inside switches) and
-    groups of one rank give no transfers; a barrier is treated as an all-reduce of no data.
+    Groups of one rank send nothing; a barrier is an all-reduce of no data; an all-reduce by an
+    algorithm that runs inside the switches (NCCL's collnet, NVLS) is taken for a ring.
     """
-    coll = _canonical(coll)
+    coll = collective_family(coll)
     algorithm = (algorithm or default_algorithm(coll)).lower()
     if n < 2:
-        return []
-    if coll in _P2P:
-        return [Transfer(0, 0, 1, 1.0)]
+        return _schedule([], [], [], [])
+    if coll in P2P_FAMILIES:
+        return _schedule([0], [0], [1], [1.0])
     if coll in ("all_reduce", "barrier"):
         if algorithm == TREE:
             up = _binomial(n, root, toward_root=True, halving=False)
-            depth = max((t.step for t in up), default=-1) + 1
-            return up + [Transfer(2 * depth - 1 - t.step, t.dst, t.src, t.fraction) for t in up]
+            down_step = 2 * up.steps - 1 - up.step
+            return _schedule(np.r_[up.step, down_step], np.r_[up.src, up.dst], np.r_[up.dst, up.src],
+                             np.r_[up.fraction, up.fraction])
         return _ring(n, 2 * (n - 1))
     if coll in ("all_gather", "reduce_scatter"):
         return _ring(n, n - 1)
     if coll == "all_to_all":
-        return [Transfer(s - 1, r, (r + s) % n, 1.0 / n) for s in range(1, n) for r in range(n)]
-    if coll in _TREE_ROOTED:
+        shift, member = np.divmod(np.arange((n - 1) * n), n)
+        return _schedule(shift, member, (member + shift + 1) % n, np.full(len(shift), 1.0 / n))
+    if coll in ROOTED_FAMILIES:
         return _binomial(n, root, toward_root=coll in ("reduce", "gather"), halving=coll in ("gather", "scatter"))
     return _ring(n, 2 * (n - 1))
 
 
-def _ring(n: int, steps: int) -> list[Transfer]:
-    return [Transfer(s, r, (r + 1) % n, 1.0 / n) for s in range(steps) for r in range(n)]
+def _schedule(step: Any, src: Any, dst: Any, fraction: Any) -> Schedule:
+    """A schedule of these sends, put in order of step (stable)."""
+    step = np.asarray(step, np.int64)
+    order = np.argsort(step, kind="stable")
+    return Schedule(step[order], np.asarray(src, np.int64)[order], np.asarray(dst, np.int64)[order],
+                    np.asarray(fraction, np.float64)[order])
 
 
-def _binomial(n: int, root: int, toward_root: bool, halving: bool) -> list[Transfer]:
+def _ring(n: int, steps: int) -> Schedule:
+    step, member = np.divmod(np.arange(steps * n), n)
+    return _schedule(step, member, (member + 1) % n, np.full(steps * n, 1.0 / n))
+
+
+def _binomial(n: int, root: int, toward_root: bool, halving: bool) -> Schedule:
     """A binomial tree rooted at ``root``: away from the root, in step ``s`` every member that
     has the data sends to the one ``2**s`` places further; toward the root, the same reversed."""
     levels = math.ceil(math.log2(n))
-    out = []
+    parts = []
     for s in range(levels):
-        for i in range(2 ** s):
-            j = i + 2 ** s
-            if j < n:
-                share = (min(2 ** s, n - j) / n) if halving else 1.0
-                out.append(Transfer(s, (i + root) % n, (j + root) % n, share))
+        i = np.arange(2 ** s)
+        i = i[i + 2 ** s < n]
+        j = i + 2 ** s
+        parts.append((np.full(len(i), s), (i + root) % n, (j + root) % n,
+                      np.minimum(2 ** s, n - j) / n if halving else np.ones(len(i))))
+    step, src, dst, share = (np.concatenate(column) for column in zip(*parts))
     if toward_root:
-        out = [Transfer(levels - 1 - t.step, t.dst, t.src, t.fraction) for t in out]
-    return sorted(out, key=lambda t: t.step)
-
-
-def steps_of(transfers: list[Transfer]) -> int:
-    """How many sequential steps a schedule has."""
-    return max((t.step for t in transfers), default=-1) + 1
+        step, src, dst = levels - 1 - step, dst, src
+    return _schedule(step, src, dst, share)
 
 
 def kernel_algorithm(kernel_name: str) -> str | None:
@@ -136,8 +151,6 @@ def nccl_log_algorithms(paths: list[Path]) -> dict[tuple[str, int], str]:
     """``(collective, bytes) -> algorithm`` from NCCL's tuning lines, which rank 0 writes with
     ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING`` (``dpro record`` sets both). Older NCCL names
     no collective in them: those are keyed ``("*", bytes)``."""
-    from .kineto import _canonical_collective
-
     found: dict[tuple[str, int], str] = {}
     for path in paths:
         with open(path, errors="replace") as lines:
@@ -146,6 +159,6 @@ def nccl_log_algorithms(paths: list[Path]) -> dict[tuple[str, int], str]:
                 if m:
                     algo = m["algo"]
                     algo = _NCCL_ALGORITHMS.get(int(algo), algo) if algo.isdigit() else algo.lower()
-                    coll = _canonical_collective(m["coll"]) if m["coll"] else "*"
+                    coll = canonical_collective(m["coll"]) if m["coll"] else "*"
                     found[(coll, int(m["bytes"]))] = algo
     return found

@@ -5,10 +5,13 @@ was issued on its thread or stream). The collective becomes the transfers of its
 (:func:`dpro.graph.collectives.schedule`), one node per send on the resource
 ``link/<src>-><dst>``, and one *done* node per rank (duration 0) that everything which followed
 the instance on that rank now follows. A send waits for both ends to have arrived, for the
-data it forwards (the sends into its sender at earlier steps) and for its sender's previous
-send. The collective's measured transfer time (its shortest instance: the last rank to arrive
-waits the least) is spread over the algorithm's steps, so that the decomposed collective ends
-when the measured one did; the rest of each instance was waiting for the slowest rank.
+data it forwards (the latest send into its sender at an earlier step) and for its sender's
+previous send. The collective's measured transfer time (its shortest instance: the last rank to
+arrive waits the least) is spread over the algorithm's steps, so that the decomposed collective
+ends when the measured one did; the rest of each instance was waiting for the slowest rank.
+
+Everything is computed on arrays, a collective at a time: a ring all-reduce over 256 ranks is
+130,560 sends.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .collectives import Transfer, schedule, steps_of
+from dpro.graph.collectives import Schedule, schedule
+
+__all__ = ["EDGE_COLUMNS", "Matched", "decompose"]
+
+EDGE_COLUMNS = ["src", "dst", "lag_ns", "kind"]
 
 
 @dataclass
@@ -32,75 +39,105 @@ class Matched:
     algorithm: str | None = None
 
 
-def decompose(nodes: pd.DataFrame, edges: list[tuple[int, int, int, str]],
-              matched: list[Matched]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                                                       pd.DataFrame]:
     """Expand ``matched`` collectives in place of their instances (see the module docstring).
 
-    ``edges`` is changed in place. Returns the nodes with the new ones appended (``rank`` of a
-    send is its sender's) and a table of the collectives: ``coll``, ``occurrence``,
-    ``algorithm``, ``bytes``, ``ranks``, ``transfer_ns``, ``wait_ns`` (per rank, in rank order),
-    ``sends`` and ``done`` (node ids).
+    ``nodes`` (``rank``, ``kind``, ``resource``, ``name``, ``dur_ns``, ``offset_ns``,
+    ``coll_name``...) and ``edges`` (:data:`EDGE_COLUMNS`) are the graph's. Returns the nodes
+    with the new ones appended (``rank`` of a send is its sender's), the edges with the new ones
+    appended and those that followed an instance now leaving its rank's done node, and a table
+    of the collectives: ``coll``, ``occurrence``, ``algorithm``, ``bytes``, ``ranks``,
+    ``transfer_ns``, ``wait_ns`` (per rank, in rank order), ``sends`` and ``done`` (node ids).
     """
-    rows: list[dict] = []
-    done_of: dict[int, int] = {}  # instance id -> its rank's done node
-    table = []
     base = len(nodes)
+    new_nodes: list[pd.DataFrame] = []
+    new_edges: list[pd.DataFrame] = []
+    table = []
+    done_of = np.full(base, -1, np.int64)  # instance id -> its rank's done node
+    offset, dur, resource = (nodes[c].to_numpy() for c in ("offset_ns", "dur_ns", "resource"))
     for m in matched:
-        ranks = sorted(m.instances)
-        ids = [m.instances[r] for r in ranks]
-        dur = nodes.loc[ids, "dur_ns"].to_numpy(np.float64)
-        arrive = nodes.loc[ids, "offset_ns"].to_numpy(np.float64)
-        transfer = float(dur.min())
-        first_done = float(arrive.max()) + transfer
-        transfers = schedule(m.coll, len(ranks), m.algorithm)
-        step_ns = _step_durations(transfers, transfer)
-        sends = []
-        last_in: dict[int, int] = {}   # member -> its latest incoming send
-        last_out: dict[int, int] = {}  # member -> its latest send
-        clock = float(arrive.max())
-        for step in range(steps_of(transfers)):
-            in_step = [t for t in transfers if t.step == step]
-            made = []
-            for t in in_step:
-                v = base + len(rows)
-                rows.append({"rank": ranks[t.src], "kind": "transfer", "resource": f"link/{ranks[t.src]}->{ranks[t.dst]}",
-                             "name": f"{m.coll}#{m.occurrence} step {step}", "dur_ns": step_ns[step],
-                             "offset_ns": clock, "coll_name": m.coll, "bytes": m.nbytes * t.fraction})
-                edges += [(ids[t.src], v, 0, "arrive"), (ids[t.dst], v, 0, "arrive")]
-                for before in (last_in.get(t.src), last_out.get(t.src)):
-                    if before is not None:
-                        edges.append((before, v, 0, "transfer"))
-                made.append((t, v))
-                sends.append(v)
-            for t, v in made:  # this step's sends are inputs of the next step's
-                last_in[t.dst], last_out[t.src] = v, v
-            clock += step_ns[step]
-        done = []
-        for member, (rank, i) in enumerate(zip(ranks, ids)):
-            v = base + len(rows)
-            rows.append({"rank": rank, "kind": "collective", "resource": nodes.at[i, "resource"],
-                         "name": f"{m.coll}#{m.occurrence}", "dur_ns": 0.0, "offset_ns": first_done,
-                         "coll_name": m.coll, "bytes": m.nbytes})
-            edges.append((i, v, 0, "arrive"))
-            edges += [(u, v, 0, "transfer") for u in {last_in.get(member), last_out.get(member)} if u is not None]
-            done_of[i] = v
-            done.append(v)
+        ranks = np.array(sorted(m.instances), np.int64)
+        ids = np.array([m.instances[r] for r in ranks], np.int64)
+        arrive = offset[ids].astype(np.float64)
+        transfer = float(dur[ids].astype(np.float64).min())
+        sends = schedule(m.coll, len(ranks), m.algorithm)
+        first_send = base + sum(len(f) for f in new_nodes)
+        send_ids = first_send + np.arange(len(sends))
+        step_ns = _step_durations(sends, transfer)
+        start = float(arrive.max()) + np.concatenate([[0.0], np.cumsum(step_ns)[:-1]]) if len(step_ns) else step_ns
+        new_nodes.append(_send_nodes(m, ranks, sends, step_ns, start))
+        last_in = _latest_before(sends.dst, sends.step, send_ids, sends.src, sends.step)
+        last_out = _latest_before(sends.src, sends.step, send_ids, sends.src, sends.step)
+        per_send = np.stack([ids[sends.src], ids[sends.dst], last_in, last_out], axis=1)
+        kinds = np.broadcast_to(np.array([0, 0, 1, 1]), per_send.shape)  # arrive, arrive, transfer, transfer
+        keep = per_send >= 0
+        new_edges.append(_edges(per_send[keep], np.repeat(send_ids, 4).reshape(-1, 4)[keep], kinds[keep]))
+        done_ids = send_ids[-1] + 1 + np.arange(len(ranks)) if len(sends) else first_send + np.arange(len(ranks))
+        members = np.arange(len(ranks))
+        final_in = _latest_before(sends.dst, sends.step, send_ids, members, np.full(len(ranks), sends.steps))
+        final_out = _latest_before(sends.src, sends.step, send_ids, members, np.full(len(ranks), sends.steps))
+        final_out = np.where(final_out == final_in, -1, final_out)
+        into_done = np.stack([ids, final_in, final_out], axis=1)
+        keep = into_done >= 0
+        new_edges.append(_edges(into_done[keep], np.repeat(done_ids, 3).reshape(-1, 3)[keep],
+                                np.broadcast_to(np.array([0, 1, 1]), into_done.shape)[keep]))
+        new_nodes.append(pd.DataFrame({
+            "rank": ranks, "kind": "collective", "resource": resource[ids], "name": f"{m.coll}#{m.occurrence}",
+            "dur_ns": 0.0, "offset_ns": float(arrive.max()) + transfer, "coll_name": m.coll, "bytes": m.nbytes}))
+        done_of[ids] = done_ids
         table.append({"coll": m.coll, "occurrence": m.occurrence, "algorithm": m.algorithm, "bytes": m.nbytes,
-                      "ranks": ranks, "transfer_ns": transfer, "wait_ns": list(arrive.max() - arrive),
-                      "sends": sends, "done": done})
-    for e, (src, dst, lag, kind) in enumerate(edges):
-        if src in done_of and kind != "arrive":
-            edges[e] = (done_of[src], dst, lag, kind)
+                      "ranks": ranks.tolist(), "transfer_ns": transfer, "wait_ns": (arrive.max() - arrive).tolist(),
+                      "sends": send_ids.tolist(), "done": done_ids.tolist()})
+    src = edges["src"].to_numpy(np.int64)
+    moved = (src < base) & (done_of[np.minimum(src, base - 1)] >= 0) & (edges["kind"] != "arrive").to_numpy()
+    if moved.any():
+        edges = edges.assign(src=np.where(moved, done_of[np.minimum(src, base - 1)], src))
     nodes = nodes.copy()
-    nodes.loc[list(done_of), "dur_ns"] = 0.0
-    return pd.concat([nodes, pd.DataFrame(rows)], ignore_index=True), pd.DataFrame(table)
+    instances = np.flatnonzero(done_of >= 0)
+    nodes.loc[instances, "dur_ns"] = 0.0
+    out_nodes = pd.concat([nodes, *new_nodes], ignore_index=True) if new_nodes else nodes
+    out_edges = pd.concat([edges, *new_edges], ignore_index=True) if new_edges else edges
+    return out_nodes, out_edges, pd.DataFrame(table)
 
 
-def _step_durations(transfers: list[Transfer], total_ns: float) -> list[float]:
+_EDGE_KINDS = np.array(["arrive", "transfer"], dtype=object)
+
+
+def _edges(src: np.ndarray, dst: np.ndarray, kind: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"src": src.astype(np.int64), "dst": dst.astype(np.int64), "lag_ns": np.zeros(len(src), np.int64),
+                         "kind": _EDGE_KINDS[kind]})
+
+
+def _send_nodes(m: Matched, ranks: np.ndarray, sends: Schedule, step_ns: np.ndarray, start: np.ndarray) -> pd.DataFrame:
+    """One node per send: on its link, named after its collective and step."""
+    a, b = ranks[sends.src], ranks[sends.dst]
+    links, which = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+    link_names = np.array([f"link/{x}->{y}" for x, y in links], dtype=object)
+    step_names = np.array([f"{m.coll}#{m.occurrence} step {s}" for s in range(sends.steps)], dtype=object)
+    return pd.DataFrame({"rank": a, "kind": "transfer", "resource": link_names[which.reshape(-1)],
+                         "name": step_names[sends.step], "dur_ns": step_ns[sends.step], "offset_ns": start[sends.step],
+                         "coll_name": m.coll, "bytes": m.nbytes * sends.fraction})
+
+
+def _latest_before(member: np.ndarray, step: np.ndarray, ids: np.ndarray, query_member: np.ndarray,
+                   query_step: np.ndarray) -> np.ndarray:
+    """For each query, the id of the last send (in schedule order) whose ``member`` is the
+    query's and whose step is earlier than the query's; -1 when there is none."""
+    if not len(member):
+        return np.full(len(query_member), -1, np.int64)
+    width = int(max(step.max(), query_step.max())) + 1
+    keys = member * width + step
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    at = np.searchsorted(sorted_keys, query_member * width + query_step, "left") - 1
+    found = (at >= 0) & (sorted_keys[np.maximum(at, 0)] // width == query_member)
+    return np.where(found, ids[order][np.maximum(at, 0)], -1)
+
+
+def _step_durations(sends: Schedule, total_ns: float) -> np.ndarray:
     """``total_ns`` spread over the schedule's steps in proportion to the largest share of the
     data sent in each step."""
-    n = steps_of(transfers)
-    share = np.zeros(n)
-    for t in transfers:
-        share[t.step] = max(share[t.step], t.fraction)
-    return list(total_ns * share / share.sum()) if n else []
+    share = np.zeros(sends.steps)
+    np.maximum.at(share, sends.step, sends.fraction)
+    return total_ns * share / share.sum() if sends.steps else share

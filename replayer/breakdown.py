@@ -26,7 +26,7 @@ import numpy as np
 
 from dpro.graph.dataflow import DataflowGraph
 
-from .simulate import Replay
+from dpro.replayer.result import Replay
 
 CATEGORIES = ("compute", "launch_bound", "communication", "waiting", "idle")
 

@@ -29,9 +29,11 @@ class AlphaBeta:
     beta_bytes_per_ns: float
     points: int
 
-    def time_ns(self, nbytes: float | np.ndarray, bandwidth_factor: float | np.ndarray = 1.0) -> float | np.ndarray:
-        """The time of a send of ``nbytes`` on a link ``bandwidth_factor`` times as fast."""
-        return self.alpha_ns + nbytes / (self.beta_bytes_per_ns * bandwidth_factor)
+    def time_ns(self, nbytes: float | np.ndarray, bandwidth_factor: float | np.ndarray = 1.0,
+                messages: float | np.ndarray = 1.0) -> float | np.ndarray:
+        """The time of a send of ``nbytes`` as ``messages`` messages (each pays the latency) on
+        a link ``bandwidth_factor`` times as fast."""
+        return messages * self.alpha_ns + nbytes / (self.beta_bytes_per_ns * bandwidth_factor)
 
 
 def link_class(graph: DataflowGraph, ranks: list[int]) -> str:
@@ -42,15 +44,19 @@ def link_class(graph: DataflowGraph, ranks: list[int]) -> str:
 def send_points(graph: DataflowGraph) -> pd.DataFrame:
     """One row per send of a sized collective: ``node``, ``coll``, ``link_class``, ``bytes``,
     ``dur_ns`` (its share of the measured transfer time)."""
-    rows = []
-    nodes = graph.nodes
-    for c in graph.collectives.itertuples():
-        if not c.bytes == c.bytes or not c.sends:  # unknown size (NaN) or nothing to send
-            continue
-        cls = link_class(graph, c.ranks)
-        for v in c.sends:
-            rows.append((v, c.coll, cls, float(nodes.at[v, "bytes"]), float(nodes.at[v, "dur_ns"])))
-    return pd.DataFrame(rows, columns=["node", "coll", "link_class", "bytes", "dur_ns"])
+    table = graph.collectives
+    columns = ["node", "coll", "link_class", "bytes", "dur_ns"]
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    sized = table[table["bytes"].notna() & (table["sends"].map(len) > 0)]
+    if sized.empty:
+        return pd.DataFrame(columns=columns)
+    classes = [link_class(graph, ranks) for ranks in sized["ranks"]]
+    points = sized.assign(link_class=classes)[["coll", "link_class", "sends"]].explode("sends")
+    nodes = points["sends"].to_numpy(np.int64)
+    return pd.DataFrame({"node": nodes, "coll": points["coll"].to_numpy(), "link_class": points["link_class"].to_numpy(),
+                         "bytes": graph.nodes["bytes"].to_numpy(np.float64)[nodes],
+                         "dur_ns": graph.nodes["dur_ns"].to_numpy(np.float64)[nodes]})
 
 
 def fit_link_model(graph: DataflowGraph) -> dict[tuple[str, str], AlphaBeta]:

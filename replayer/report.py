@@ -9,20 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from dpro.graph.dataflow import DataflowGraph, graph_of_run
-from dpro.run_format import Run
-
 from dpro.graph.collectives import default_algorithm
-
-from .breakdown import breakdown, rank_critical_path
-from .cost import fit_link_model
-from .simulate import Replay, replay
-
-
-def replay_run(run: Run, align: bool = True) -> tuple[DataflowGraph, Replay]:
-    """Build the graph of a recorded run and replay it."""
-    graph = graph_of_run(run, align=align)
-    return graph, replay(graph)
+from dpro.graph.dataflow import DataflowGraph
+from dpro.replayer.breakdown import breakdown, rank_critical_path
+from dpro.replayer.cost import fit_link_model
+from dpro.replayer.result import Replay
 
 
 def comparison(graph: DataflowGraph, result: Replay) -> dict[str, Any]:
@@ -62,9 +53,24 @@ def critical_path(graph: DataflowGraph, result: Replay, rank: int | None = None)
     with their predicted times (ms)."""
     nodes = graph.nodes
     return [{"node": int(v), "rank": int(nodes.at[v, "rank"]), "kind": str(nodes.at[v, "kind"]),
-             "resource": nodes.at[v, "resource"], "name": str(nodes.at[v, "name"]),
+             "resource": str(nodes.at[v, "resource"]), "name": str(nodes.at[v, "name"]),
              "start_ms": result.start_ns[v] / 1e6, "dur_ms": (result.end_ns[v] - result.start_ns[v]) / 1e6}
             for v in rank_critical_path(graph, result, rank)]
+
+
+def top_ops(path: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ops of a critical path (:func:`critical_path`) grouped by name and kind, by their total
+    time on it: ``name``, ``kind``, ``count``, ``total_ms``, ``share`` (of the path's op time),
+    longest first."""
+    totals: dict[tuple[str, str], list[float]] = {}
+    for p in path:
+        entry = totals.setdefault((p["name"], p["kind"]), [0, 0.0])
+        entry[0] += 1
+        entry[1] += p["dur_ms"]
+    whole = sum(t for _, t in totals.values()) or 1.0
+    ops = [{"name": name, "kind": kind, "count": n, "total_ms": t, "share": t / whole}
+           for (name, kind), (n, t) in totals.items()]
+    return sorted(ops, key=lambda o: -o["total_ms"])
 
 
 def export_chrome_trace(graph: DataflowGraph, result: Replay, path: Path) -> None:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from dpro.graph.dataflow import DataflowGraph
 
-from .kernels import longest_path
+from dpro.replayer.kernels import longest_path
 
 GRAD_BYTES = 4  # fp32
 RESOURCES = ("cpu/main", "gpu/7", "cpu/comm")

@@ -21,8 +21,8 @@ import pandas as pd
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
 
-from .cost import fit_link_model, link_class
-from .simulate import Replay, Replayer
+from dpro.replayer.cost import fit_link_model, link_class
+from dpro.replayer.simulate import Replay, Replayer
 
 
 class WhatIfError(DproError):
@@ -70,11 +70,6 @@ class WhatIf:
         of ops (``name=r"aten::mm"``, ``kind="gpu"``, ``rank=3``)."""
         ids = self.select(**where)  # type: ignore[arg-type]
         self.durations[ids] *= factor
-        return self
-
-    def set_duration(self, nodes: list[int] | np.ndarray, dur_ns: float | np.ndarray) -> "WhatIf":
-        """Set the duration of the given node ids."""
-        self.durations[np.asarray(nodes, np.int64)] = dur_ns
         return self
 
     def set_link_bandwidth(self, factor: float, src: int | None = None, dst: int | None = None,
@@ -140,11 +135,8 @@ class WhatIf:
         return hit.iloc[0]
 
     def _send_model_ns(self, sends: np.ndarray) -> np.ndarray:
-        out = np.empty(len(sends))
-        for i, v in enumerate(sends):
-            m = self.model[self._model_of[int(v)]]
-            out[i] = self._parts[v] * m.alpha_ns + self._bytes[v] / (m.beta_bytes_per_ns * self._bandwidth[v])
-        return out
+        return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v], self._bandwidth[v], self._parts[v])
+                         for v in sends], np.float64)
 
     def _retime_sends(self) -> "WhatIf":
         sends = np.fromiter(self._model_of, np.int64)

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = Path(__file__).resolve().parent / "jobs"
 FAKES = Path(__file__).resolve().parent / "fakes"
 EXAMPLE = ROOT / "examples" / "train_lm.py"
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
+DATA = Path(__file__).resolve().parent / "data"  # real traces from public projects; see data/NOTICE
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 # A small, quick configuration of the example job.
 SMALL_LM = ["--d-model", "64", "--layers", "1", "--seq-len", "32"]
@@ -35,16 +35,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 @pytest.fixture(scope="session")
 def recorded_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo DDP job recorded by ``dpro record``: 12 steps, steps 4-5 profiled."""
+    """A real 2-rank gloo DDP job recorded by ``dpro record``: 12 steps, steps 4-5 profiled, DDP
+    buckets of 0.05 MB (five of them: several all-reduces per step)."""
     run = tmp_path_factory.mktemp("recorded") / "run"
     result = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--",
-                  *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "12", *SMALL_LM)
+                  *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "12", *SMALL_LM, "--bucket-cap-mb", "0.05")
     assert result.returncode == 0, result.stderr
     return run
-
-
-@pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    if not SHARED_TRACES.is_dir():
-        pytest.skip(f"the shared real traces are not at {SHARED_TRACES} (clone with shared/ beside it)")
-    return SHARED_TRACES

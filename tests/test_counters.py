@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from dpro.anomaly import catalog, counters, ethtool, sysfs
-from dpro.anomaly.counters import CounterKey, diff, take_snapshot
-from dpro.anomaly.wrap import delta, effective_width
+from dpro.collectors.counters import catalog, ethtool, snapshot, sysfs
+from dpro.collectors.counters.snapshot import CounterKey, diff, take_snapshot
+from dpro.collectors.counters.wrap import delta, effective_width
 
 from .conftest import FAKES
 
@@ -32,13 +32,13 @@ BEFORE, AFTER = FIXTURES / "sysfs-mlx5" / "before", FIXTURES / "sysfs-mlx5" / "a
 ETHTOOL_MLX5 = FIXTURES / "ethtool" / "mlx5.txt"
 
 
-def fixture_diff(elapsed_s: float = 10.0) -> counters.CounterDiff:
+def fixture_diff(elapsed_s: float = 10.0) -> snapshot.CounterDiff:
     before = take_snapshot(BEFORE, gpu=False)
     after = take_snapshot(AFTER, gpu=False)
     return diff(before, dataclasses.replace(after, monotonic_ns=before.monotonic_ns + int(elapsed_s * 1e9)))
 
 
-def only(rates: list[counters.CounterRate]) -> counters.CounterRate:
+def only(rates: list[snapshot.CounterRate]) -> snapshot.CounterRate:
     assert len(rates) == 1, rates
     return rates[0]
 
@@ -64,7 +64,7 @@ def test_snapshot_of_a_recorded_mlx5_tree() -> None:
     xmit = rows["mlx5_0/1", "port_xmit_data"]
     assert (xmit["canonical"], xmit["unit"], xmit["value_in_unit"]) == ("tx_bytes", "bytes", 4 * 81234567890123)
     assert list(snap.to_frame().columns) == ["source", "device", "name", "canonical", "unit", "value", "value_in_unit"]
-    assert counters.Snapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
+    assert snapshot.Snapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
 
 
 def test_diff_gives_rates_in_bytes_across_a_32bit_wrap() -> None:
@@ -204,7 +204,7 @@ def test_gpu_counters_through_nvml(tmp_path: Path) -> None:
         pytest.skip("gcc is needed to build the stand-in NVML library")
     lib = tmp_path / "libnvidia-ml.so.1"
     subprocess.run([gcc, "-shared", "-fPIC", "-o", lib, FAKES / "fake_nvml.c"], check=True)
-    code = "import json; from dpro.anomaly.nvml import read_gpu_counters; print(json.dumps(read_gpu_counters()))"
+    code = "import json; from dpro.collectors.counters.nvml import read_gpu_counters; print(json.dumps(read_gpu_counters()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={"LD_LIBRARY_PATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, check=True)
     gpus, notes = json.loads(out.stdout)

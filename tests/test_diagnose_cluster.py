@@ -12,8 +12,8 @@ import pytest
 
 from dpro.anomaly.engines import get_engine
 from dpro.anomaly.engines.base import Endpoint, Workload
-from dpro.anomaly.pairwise import measure, write_probes
-from dpro.anomaly.probes import analyze, read_probes
+from dpro.anomaly.fabric.pairwise import measure, write_probes
+from dpro.anomaly.fabric.probes import analyze, read_probes
 from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
 from .conftest import EXAMPLE, dpro

@@ -1,4 +1,4 @@
-"""The global dataflow graph and its replay, on real recorded runs and the shared GPU traces."""
+"""The global dataflow graph and its replay, on real recorded runs and the real GPU traces in tests/data."""
 
 from __future__ import annotations
 
@@ -10,19 +10,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpro.graph.dataflow import (DataflowGraph, build_graph, clock_offsets, ddp_bucket_bytes, load_run_traces,
-                                 refine_offsets)
+from dpro.analysis import RunAnalysis
+from dpro.graph.alignment import refine_offsets
+from dpro.graph.dataflow import DataflowGraph, graph_from_traces
 from dpro.graph.kineto import load_trace
+from dpro.graph.matching import match
+from dpro.graph.reduction import reduce_trace
 from dpro.replayer.simulate import ReplayError, replay
-from dpro.run_format import open_run
 
-from .conftest import assert_one_line_error, dpro
+from .conftest import DATA, assert_one_line_error, dpro
 
 
 @pytest.fixture(scope="module")
 def run_graph(recorded_run: Path) -> DataflowGraph:
-    run = open_run(recorded_run)
-    return build_graph(load_run_traces(run), clock_offsets(run), bucket_bytes=ddp_bucket_bytes(run))
+    return RunAnalysis.open(recorded_run).graph
 
 
 def test_collectives_are_matched_and_decomposed_into_ring_transfers(run_graph: DataflowGraph) -> None:
@@ -64,12 +65,12 @@ def test_collective_instances_are_numbered_by_issue_across_communication_threads
 
 
 def test_clock_offsets_are_kept_when_consistent_and_clamped_when_not(recorded_run: Path) -> None:
-    run = open_run(recorded_run)
-    traces = load_run_traces(run)
-    steps = sorted(set(traces[0].steps["step"]))
-    recorded = clock_offsets(run)
-    assert refine_offsets(traces, steps, recorded) == recorded, "one machine: the measured offsets are consistent"
-    wrong = refine_offsets(traces, steps, {0: 0, 1: 10**9})  # a second off: no collective could overlap
+    analysis = RunAnalysis.open(recorded_run)
+    instances = match(pd.concat([reduce_trace(analysis.run.trace_path(r), r).instances for r in analysis.ranks]))
+    recorded = analysis.recorded_offsets
+    assert refine_offsets(instances, recorded) == recorded, "one machine: the measured offsets are consistent"
+    assert analysis.offsets == recorded
+    wrong = refine_offsets(instances, {0: 0, 1: 10**9})  # a second off: no collective could overlap
     assert 0 < wrong[1] < 10**9 and abs(wrong[1] - recorded[1]) < 50_000_000
 
 
@@ -112,7 +113,9 @@ def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:
         assert all(b[0] >= a[1] - 1e-3 for a, b in zip(spans, spans[1:]))
     assert dpro("replay", recorded_run, "--no-align").returncode == 0
     path = dpro("critical-path", recorded_run, "--json")
-    assert path.returncode == 0 and len(json.loads(path.stdout)) > 1
+    assert path.returncode == 0, path.stderr
+    found = json.loads(path.stdout)
+    assert set(found) == {"breakdown", "top_ops", "path"} and len(found["path"]) > 1
 
 
 def test_replay_of_a_run_without_traces(tmp_path: Path) -> None:
@@ -126,9 +129,9 @@ GPU_TRACES = ["a100-2rank-ddp-rank0", "v100-resnet50-worker0", "v100-1rank-ns-ti
 
 
 @pytest.mark.parametrize("name", GPU_TRACES)
-def test_gpu_trace_graph(shared_traces: Path, name: str) -> None:
-    tables = load_trace(shared_traces / "gpu" / f"{name}.json.gz")
-    graph = build_graph({tables.meta["rank"]: tables})
+def test_gpu_trace_graph(name: str) -> None:
+    tables = load_trace(DATA / "gpu" / f"{name}.json.gz", cache=False)
+    graph = graph_from_traces({tables.meta["rank"]: tables})
     nodes, edges = graph.nodes, graph.edges
     launches = edges[edges["kind"] == "launch"]
     assert len(launches) > 0
@@ -140,9 +143,9 @@ def test_gpu_trace_graph(shared_traces: Path, name: str) -> None:
     assert abs(predicted / graph.step_ns[tables.meta["rank"]] - 1) < 0.05
 
 
-def test_blocking_sync_makes_the_cpu_wait_for_the_gpu(shared_traces: Path) -> None:
-    tables = load_trace(shared_traces / "gpu" / "v100-resnet50-worker0.json.gz")
-    graph = build_graph({0: tables})
+def test_blocking_sync_makes_the_cpu_wait_for_the_gpu() -> None:
+    tables = load_trace(DATA / "gpu" / "v100-resnet50-worker0.json.gz", cache=False)
+    graph = graph_from_traces({0: tables})
     syncs = graph.edges[graph.edges["kind"] == "sync"]
     assert len(syncs) >= 1
     assert set(graph.nodes.loc[syncs["src"], "kind"]) == {"gpu"} and set(graph.nodes.loc[syncs["dst"], "kind"]) == {"cpu"}

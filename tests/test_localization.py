@@ -7,19 +7,25 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from dpro.anomaly.commands import diagnose as diagnose_command
-from dpro.anomaly.multipath import classes, met, spread
-from dpro.anomaly.probes import Probes, analyze, from_matrix, round_robin, slow
-from dpro.anomaly.routing import Routing
-from dpro.anomaly.stragglers import collective_instances, collective_stats, slow_transfers, stragglers
-from dpro.anomaly.suspects import diagnose, to_json
-from dpro.anomaly.tomography import components, localize
-from dpro.anomaly.topology import TopologyError, fat_tree, hosts, paths, read_topology
-from dpro.anomaly.waves import edge_groups, waves
-from dpro.graph.kineto import load_trace
+from dpro.analysis import RunAnalysis
+from dpro.anomaly.diagnose import diagnose
+from dpro.anomaly.fabric.multipath import classes, met, spread
+from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix, round_robin, slow
+from dpro.anomaly.fabric.routing import Routing
+from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
+from dpro.anomaly.suspects import to_json
+from dpro.anomaly.fabric.routing import components
+from dpro.anomaly.fabric.tomography import localize
+from dpro.anomaly.fabric.routing import paths
+from dpro.anomaly.fabric.topology import TopologyError, fat_tree, hosts, read_topology
+from dpro.anomaly.fabric.waves import edge_groups, waves
+from dpro.cli.diagnose import diagnose as diagnose_command
+from dpro.graph.kineto import TraceTables, load_trace
+from dpro.graph.matching import match, rank_instances
 from dpro.run_format import create_manifest, new_manifest, write_json_atomic
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -307,30 +313,36 @@ def collective_traces(tmp_path: Path, n_ranks: int, late: dict[int, float] | Non
             for r in range(n_ranks)}
 
 
+def matched(traces: dict[int, TraceTables]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The matched collective instances of in-memory traces (one clock) and their profiled steps."""
+    instances = match(pd.concat([rank_instances(t.events, r) for r, t in traces.items()], ignore_index=True))
+    return instances, pd.concat([t.steps.assign(rank=r) for r, t in traces.items()], ignore_index=True)
+
+
 def test_a_late_rank_is_a_compute_straggler(tmp_path: Path) -> None:
     traces = collective_traces(tmp_path, 4, late={2: 10_000})
-    instances = collective_instances(traces)
+    instances, steps = matched(traces)
     assert len(instances) == 4 * 5 * 3 and set(instances["coll_name"]) == {"all_reduce"}
     stats = collective_stats(instances)
     assert len(stats) == 5 * 3 and (stats["last_rank"] == 2).all()
     assert stats["skew_ns"].median() == pytest.approx(10e6, rel=0.05)
     assert stats["transfer_ns"].median() == pytest.approx(TRANSFER_US * 1000, rel=0.05)
     hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
-    [suspect] = stragglers(traces, hosts=hosts)
+    [suspect] = stragglers(instances, steps, hosts=hosts)
     assert (suspect.kind, suspect.rank, suspect.host) == ("rank", 2, "b")
     assert suspect.evidence["late_ms"] == pytest.approx(10, abs=0.2) and suspect.evidence["steps_late"] == "5/5"
-    assert slow_transfers(traces, hosts=hosts) == [], "the others' long collectives are waiting, not transfer"
+    assert slow_transfers(instances, hosts=hosts) == [], "the others' long collectives are waiting, not transfer"
 
 
 def test_slow_transfers_are_told_apart_from_stragglers(tmp_path: Path) -> None:
     pg = {r: str(r // 2) for r in range(8)}
-    traces = collective_traces(tmp_path, 8, transfer={"3": 4 * TRANSFER_US}, pg=pg)
+    instances, steps = matched(collective_traces(tmp_path, 8, transfer={"3": 4 * TRANSFER_US}, pg=pg))
     hosts = {r: f"node{r // 2}" for r in range(8)}
-    [suspect] = slow_transfers(traces, hosts=hosts)
+    [suspect] = slow_transfers(instances, hosts=hosts)
     assert (suspect.kind, suspect.host) == ("host", "node3")
     assert suspect.evidence["transfer_vs_typical"] == pytest.approx(4, rel=0.05)
-    assert stragglers(traces, hosts=hosts) == []
-    assert slow_transfers(collective_traces(tmp_path, 8, pg=pg), hosts=hosts) == []
+    assert stragglers(instances, steps, hosts=hosts) == []
+    assert slow_transfers(matched(collective_traces(tmp_path, 8, pg=pg))[0], hosts=hosts) == []
 
 
 # --- suspects ----------------------------------------------------------------------------------
@@ -352,7 +364,7 @@ def test_diagnose_combines_the_run_and_the_probes(tmp_path: Path) -> None:
     g = fat_tree(64, radix=8)
     run = write_run(tmp_path / "run", tmp_path, 4, {0: "h00", 1: "h00", 2: "h37", 3: "h37"})
     probes, _ = simulate(g, {"h37/nic0": 0.3})
-    suspects = {s.kind: s for s in diagnose(run, probes, g)}
+    suspects = {s.kind: s for s in diagnose(RunAnalysis.open(run), probes, g)}
     assert sorted((s.kind, s.name) for s in suspects.values()) == [("nic", "h37/nic0"), ("rank", "rank 1")]
     assert suspects["nic"].evidence["ranks"] == [2, 3] and suspects["rank"].host == "h00"
     shape = to_json(list(suspects.values()))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from dpro.collectors.counters import CounterKey, Snapshot
 from dpro.run_format import open_run
 
 from .conftest import EXAMPLE, FAKES, JOBS, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
@@ -22,12 +23,12 @@ from .conftest import EXAMPLE, FAKES, JOBS, SMALL_LM, TORCHRUN, assert_one_line_
 
 def test_run_directory_is_complete_for_both_ranks(recorded_run: Path) -> None:
     run = open_run(recorded_run)
-    assert run.manifest["format_version"] == "1.0"
+    assert run.manifest["format_version"] == "1.1"
     assert run.manifest["options"] == {"skip": 3, "warmup": 1, "steps": 2}
     assert run.ranks == [0, 1]
     [node] = run.nodes()
     assert node["exit_code"] == 0 and node["signal"] is None
-    assert "NVML" in node["collectors"]["gpu"] and "netdev" in node["collectors"]["nic"]
+    assert "NVML" in node["collectors"]["gpu"] and "netdev" in node["collectors"]["counters"]
     assert "did not use NCCL" in node["collectors"]["nccl"]
     for rank in (0, 1):
         meta = run.rank_meta(rank)
@@ -37,7 +38,7 @@ def test_run_directory_is_complete_for_both_ranks(recorded_run: Path) -> None:
         assert meta["versions"]["torch"].startswith("2.")
         assert meta["profiler_window"] == {"skip": 3, "warmup": 1, "steps": 2}
         [ddp] = meta["ddp"]
-        assert ddp["has_rebuilt_buckets"] and ddp["module"] == "TinyGPT"
+        assert ddp["has_rebuilt_buckets"] and ddp["module"] == "TinyGPT" and len(ddp["buckets"]) >= 3
         names = [p["name"] for b in ddp["buckets"] for p in b["params"]]
         assert "head.weight" in names and "tok.weight" in names and len(names) == len(set(names))
         assert sum(b["numel"] for b in ddp["buckets"]) == sum(p["numel"] for b in ddp["buckets"]
@@ -218,11 +219,14 @@ def test_nic_counters_are_read_from_a_recorded_sysfs_tree(tmp_path: Path) -> Non
                   sys.executable, JOBS / "exit_with.py", "0")
     assert result.returncode == 0, result.stderr
     [node_dir] = (tmp_path / "run" / "nodes").iterdir()
-    start = json.loads((node_dir / "nic-start.json").read_text())
-    assert start["rdma"]["mlx5_0"]["1"]["counters"]["port_xmit_data"] == 1000
-    assert start["rdma"]["mlx5_0"]["1"]["hw_counters"]["np_cnp_sent"] == 5
-    assert start["netdev"] == {"ib0": {"rx_bytes": 42}}
-    assert "RDMA: 1 port(s)" in json.loads((node_dir / "node.json").read_text())["collectors"]["nic"]
+    start = Snapshot.from_dict(json.loads((node_dir / "counters-start.json").read_text()))
+    assert start.values[CounterKey("rdma", "mlx5_0/1", "port_xmit_data")] == 1000
+    assert start.values[CounterKey("rdma_hw", "mlx5_0/1", "np_cnp_sent")] == 5
+    assert {k: v for k, v in start.values.items() if k.source == "netdev"} == {CounterKey("netdev", "ib0", "rx_bytes"): 42}
+    end = Snapshot.from_dict(json.loads((node_dir / "counters-end.json").read_text()))
+    assert end.values.keys() == start.values.keys() and end.time_ns > start.time_ns
+    note = json.loads((node_dir / "node.json").read_text())["collectors"]["counters"]
+    assert "rdma 1 device(s)" in note and "netdev 1 device(s)" in note
 
 
 def test_existing_output_is_never_overwritten_without_force(tmp_path: Path) -> None:
@@ -280,6 +284,12 @@ def test_gpu_samples_through_nvml(tmp_path: Path) -> None:
     gpu1 = samples[samples["gpu"] == 1].iloc[0]
     assert (gpu1["util_gpu_pct"], gpu1["sm_clock_mhz"], gpu1["power_w"], gpu1["mem_used_mib"]) == (91, 1410, 350.0, 20480)
     assert gpu1["throttle_reasons"] == 0x20 and gpu1["pcie_rx_kib_s"] == 2000 and gpu1["nvlink_tx_kib"] == 5000
+    # the samples are read back: the stand-in's GPU 1 is always in a thermal slowdown
+    diagnosis = dpro("diagnose", tmp_path / "run", "--json")
+    assert diagnosis.returncode == 0, diagnosis.stderr
+    gpus = [s for s in json.loads(diagnosis.stdout)["suspects"] if s["kind"] == "gpu"]
+    assert [s["name"].rsplit("/", 1)[1] for s in gpus] == ["gpu1"]
+    assert gpus[0]["evidence"]["reasons"] == {"software thermal slowdown": 1.0}
 
 
 def test_job_owns_the_terminal(tmp_path: Path) -> None:
@@ -296,7 +306,7 @@ def test_job_owns_the_terminal(tmp_path: Path) -> None:
     interrupted = subprocess.Popen([script, "-qec", job + "'import time; time.sleep(60)'; echo status=$?",
                                     "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not list((tmp_path / "run").glob("nodes/*/nic-start.json")) and time.monotonic() < deadline:
+    while not list((tmp_path / "run").glob("nodes/*/counters-start.json")) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1)  # the job's interpreter starts and owns the terminal
     out, _ = interrupted.communicate("\x03", timeout=60)

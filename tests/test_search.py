@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dpro.anomaly.commands import anomaly
-from dpro.anomaly.counters import CounterDiff, CounterRate
+from dpro.cli.anomaly import anomaly
+from dpro.collectors.counters.snapshot import CounterDiff, CounterRate
 from dpro.anomaly.engines.base import Direction, Endpoint, Result, Workload
 from dpro.anomaly.engines.tcp import TcpEngine
-from dpro.anomaly.objectives import CounterObjective, ThroughputObjective, parse_objective
-from dpro.anomaly.search import Budget, SearchResult, search
-from dpro.anomaly.search_report import to_json, to_markdown, write_report
-from dpro.anomaly.space import WorkloadSpace
+from dpro.anomaly.search.objectives import CounterObjective, ThroughputObjective, parse_objective
+from dpro.anomaly.search.annealing import Budget, SearchResult, search
+from dpro.anomaly.search.report import to_json, to_markdown, write_report
+from dpro.anomaly.search.space import WorkloadSpace
 
 HERE = Endpoint("192.0.2.1")  # never contacted: the model makes no traffic
 PLANTED = {"connections", "message_size"}

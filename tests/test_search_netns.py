@@ -23,10 +23,10 @@ import pytest
 
 from dpro.anomaly.engines.base import Direction, Endpoint
 from dpro.anomaly.engines.tcp import TcpEngine
-from dpro.anomaly.objectives import ThroughputObjective
-from dpro.anomaly.search import Budget, search
-from dpro.anomaly.search_report import write_report
-from dpro.anomaly.space import WorkloadSpace
+from dpro.anomaly.search.objectives import ThroughputObjective
+from dpro.anomaly.search.annealing import Budget, search
+from dpro.anomaly.search.report import write_report
+from dpro.anomaly.search.space import WorkloadSpace
 from dpro.testing.netns import NetnsCluster, can_build_namespaces
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]

@@ -17,8 +17,3 @@ def get_engine(name: str) -> Engine:
         return ENGINES[name]
     except KeyError:
         raise KeyError(f"no engine {name!r}; known: {', '.join(ENGINES)}") from None
-
-
-def available_engines() -> dict[str, str | None]:
-    """Every engine, with why it cannot run on this host now (None when it can)."""
-    return {name: engine.unavailable_reason() for name, engine in ENGINES.items()}

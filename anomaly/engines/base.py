@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from dpro.anomaly.counters import CounterDiff
+from dpro.collectors.counters.snapshot import CounterDiff
 
 
 class Opcode(str, Enum):

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO
 
-from dpro.anomaly.counters import CounterDiff, Snapshot, diff
+from dpro.collectors.counters.snapshot import CounterDiff, Snapshot, diff
 from dpro.anomaly.engines.base import Endpoint
 
 POLL_S = 0.05
@@ -95,7 +95,7 @@ def run_pair(server: Endpoint, client: Endpoint, server_argv: Sequence[str],
              probe_args: Callable[[Endpoint], Sequence[str]], run_s: float, timeout_s: float) -> Outcome:
     """Start the server, wait for a stdout line that ``ready`` accepts, start the client with
     ``client_argv(that line)``, and watch both; counters are snapshotted on both endpoints
-    (``python -m dpro.anomaly.probe *probe_args(endpoint)``) before and after."""
+    (``python -m dpro.collectors.counters *probe_args(endpoint)``) before and after."""
     out = Outcome()
     endpoints = {"server": server, "client": client}
     before = _snapshots(endpoints, probe_args, timeout_s, out.notes)
@@ -193,7 +193,7 @@ def _snapshots(endpoints: dict[str, Endpoint], probe_args: Callable[[Endpoint], 
 
 
 def _probe(endpoint: Endpoint, args: Sequence[str], timeout_s: float) -> tuple[Snapshot | None, str | None]:
-    argv = [*endpoint.prefix, endpoint.python, "-m", "dpro.anomaly.probe", *args]
+    argv = [*endpoint.prefix, endpoint.python, "-m", "dpro.collectors.counters", *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -1,0 +1,247 @@
+"""Pairwise probes between hosts: a schedule that tests every pair in n-1 rounds, and the
+analysis of what the probes measured without knowing the topology.
+
+A round pairs every host with one other (the circle method), so its probes share no host and
+can run at once; each pair is probed in both directions. :class:`Probes` holds one measurement
+per direction (``src`` sends to ``dst``): bandwidth, where higher is better, or latency.
+
+**Slowness.** Values are compared on a log scale with the median of all probes: a probe's
+``z`` is its shortfall divided by the noise, estimated as 1.4826 × the median absolute
+deviation (MAD) of the log values. A probe is *slow* when ``z >= z_min`` and it falls short
+of the median by at least ``min_drop`` (both must hold, so that neither very quiet nor very
+noisy measurements produce spurious slow probes).
+
+**Matrix analysis** (:func:`analyze`). A host is a row (what it sends) and a column (what it
+receives). A bad host or NIC slows its whole row and column: its score is the smaller of the
+median ``z`` of its row and of its column, and it is a suspect when that median probe is slow.
+Slow probes that no suspect host explains are suspect *paths*; with a topology,
+:mod:`dpro.anomaly.fabric.tomography` turns them into links and switches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dpro.errors import DproError
+from dpro.stats import robust_spread, robust_z
+
+from dpro.anomaly.suspects import Suspect
+
+__all__ = ["Probes", "ProbeError", "analyze", "from_matrix", "host_scores", "read_probes", "round_robin", "slow",
+           "to_matrix", "z_scores"]
+
+Z_MIN = 6.0
+MIN_DROP = 0.1
+
+
+class ProbeError(DproError, ValueError):
+    """Probe measurements that cannot be read or used; the message is one line."""
+
+
+def round_robin(n: int) -> np.ndarray:
+    """Pairs ``(rounds, n // 2, 2)`` of host indices that meet every pair exactly once.
+
+    The circle method: host ``n-1`` stays put while the others turn, giving ``n - 1`` rounds
+    of ``n / 2`` disjoint pairs. For odd ``n`` a dummy host is added and its partner sits the
+    round out: ``n`` rounds of ``(n - 1) / 2`` pairs.
+    """
+    if n < 2:
+        raise ProbeError(f"a probe schedule needs at least two hosts, not {n}")
+    m = n + n % 2
+    r = np.arange(m - 1)[:, None]
+    i = np.arange(1, m // 2)[None, :]
+    pairs = np.empty((m - 1, m // 2, 2), np.int64)
+    pairs[:, 0, 0], pairs[:, 0, 1] = m - 1, r[:, 0]
+    pairs[:, 1:, 0], pairs[:, 1:, 1] = (r + i) % (m - 1), (r - i) % (m - 1)
+    return pairs if m == n else pairs[:, 1:]  # odd n: the dummy is the fixed host; drop its pairs
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Probe measurements: ``src``, ``dst`` (indices into ``hosts``), ``round`` (-1 if
+    unknown) and ``value``; ``higher_is_better`` for bandwidth, False for latency."""
+
+    hosts: list[str]
+    src: np.ndarray
+    dst: np.ndarray
+    round: np.ndarray
+    value: np.ndarray
+    higher_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        n = len(self.src)
+        if not len(self.dst) == len(self.round) == len(self.value) == n:
+            raise ProbeError("src, dst, round and value must have one entry per probe")
+        if n and (min(self.src.min(), self.dst.min()) < 0 or max(self.src.max(), self.dst.max()) >= len(self.hosts)):
+            raise ProbeError("a probe names a host index outside the host list")
+        if n and not (np.isfinite(self.value) & (self.value > 0)).all():
+            raise ProbeError("probe values must be positive numbers")
+
+
+def from_matrix(matrix: np.ndarray, hosts: list[str] | None = None, higher_is_better: bool = True) -> Probes:
+    """Probes from an ``n × n`` matrix (row: sender, column: receiver); NaN cells and the
+    diagonal were not measured."""
+    matrix = np.asarray(matrix, np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ProbeError(f"a probe matrix is square, not of shape {matrix.shape}")
+    n = matrix.shape[0]
+    hosts = list(hosts) if hosts is not None else [str(i) for i in range(n)]
+    if len(hosts) != n:
+        raise ProbeError(f"{len(hosts)} host names for a {n} × {n} matrix")
+    src, dst = np.nonzero(~np.isnan(matrix) & ~np.eye(n, dtype=bool))
+    return Probes(hosts, src, dst, np.full(len(src), -1, np.int64), matrix[src, dst], higher_is_better)
+
+
+def to_matrix(probes: Probes) -> np.ndarray:
+    """The ``n × n`` matrix of the probes (the last probe of a pair wins), NaN where none."""
+    n = len(probes.hosts)
+    matrix = np.full((n, n), np.nan)
+    matrix[probes.src, probes.dst] = probes.value
+    return matrix
+
+
+def read_probes(path: str | os.PathLike) -> Probes:
+    """Probes from a file.
+
+    JSON: ``{"hosts": [...], "bandwidth": [[...], ...]}`` (or ``"latency"``), a matrix whose
+    ``null`` cells were not measured. CSV: columns ``src``, ``dst`` (host names), ``bandwidth``
+    or ``latency``, and optionally ``round``.
+    """
+    path = Path(path)
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(path.read_text())
+            metric = next((m for m in ("bandwidth", "latency") if m in data), None)
+            if metric is None or "hosts" not in data:
+                raise ProbeError(f"{path}: expected keys hosts and bandwidth (or latency)")
+            matrix = np.array([[np.nan if v is None else v for v in row] for row in data[metric]], np.float64)
+            return from_matrix(matrix, [str(h) for h in data["hosts"]], metric == "bandwidth")
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as e:
+        raise ProbeError(f"cannot read probes {path}: {e}") from None
+    metric = next((m for m in ("bandwidth", "latency") if m in frame), None)
+    if metric is None or not {"src", "dst"} <= set(frame):
+        raise ProbeError(f"{path}: expected columns src, dst and bandwidth (or latency)")
+    names = pd.Index(pd.unique(pd.concat([frame["src"], frame["dst"]]).astype(str)))
+    try:
+        rounds = frame["round"].to_numpy(np.int64) if "round" in frame else np.full(len(frame), -1, np.int64)
+        values = frame[metric].to_numpy(np.float64)
+    except (TypeError, ValueError) as e:
+        raise ProbeError(f"{path}: {metric} and round must be numbers: {e}") from None
+    return Probes(list(names), names.get_indexer(frame["src"].astype(str)), names.get_indexer(frame["dst"].astype(str)),
+                  rounds, values, metric == "bandwidth")
+
+
+def z_scores(probes: Probes) -> tuple[np.ndarray, np.ndarray]:
+    """Each probe's shortfall against the median on a log scale (``log(median/value)`` for
+    bandwidth), and that shortfall in units of the noise (robust ``z``)."""
+    logs = np.log(probes.value)
+    shortfall = np.median(logs) - logs if probes.higher_is_better else logs - np.median(logs)
+    return shortfall, shortfall / max(robust_spread(shortfall, 0.0), 1e-9)
+
+
+def slow(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> np.ndarray:
+    """Mask of the slow probes (see the module docstring)."""
+    shortfall, z = z_scores(probes)
+    return (z >= z_min) & (shortfall >= -np.log1p(-min_drop))
+
+
+def host_scores(probes: Probes) -> pd.DataFrame:
+    """Per host: median ``z`` and median shortfall of its row (sent) and column (received),
+    and their probe counts; one row per host, in the order of ``probes.hosts``."""
+    shortfall, z = z_scores(probes)
+    frame = pd.DataFrame({"src": probes.src, "dst": probes.dst, "z": z, "shortfall": shortfall})
+    out = pd.DataFrame(index=pd.RangeIndex(len(probes.hosts)))
+    for side, column in (("row", "src"), ("col", "dst")):
+        stats = frame.groupby(column)[["z", "shortfall"]].median()
+        out[f"{side}_z"] = stats["z"]
+        out[f"{side}_drop"] = -np.expm1(-stats["shortfall"])  # fraction below the median
+        out[f"{side}_n"] = frame.groupby(column).size()
+    out = out.fillna({"row_n": 0, "col_n": 0}).astype({"row_n": np.int64, "col_n": np.int64})
+    return out.assign(host=probes.hosts)[["host", "row_z", "col_z", "row_drop", "col_drop", "row_n", "col_n"]]
+
+
+def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> list[Suspect]:
+    """Suspect hosts (row and column slow) and paths (slow probes no suspect host explains),
+    most likely first; empty when nothing stands out.
+
+    Hosts are peeled one at a time: the baseline is the probes between hosts not yet
+    suspected, so that in a small cluster, where one bad host touches a large share of the
+    probes (half of them with four hosts), its own probes do not drag the baseline down.
+    """
+    suspects, bad = [], np.zeros(len(probes.hosts), bool)
+    logs = np.log(probes.value) * (1 if probes.higher_is_better else -1)  # higher is better
+    while True:
+        found = _worst_host(probes, logs, bad)
+        if found is None:
+            break
+        h, score, evidence = found
+        if score < z_min or min(evidence["row_drop"], evidence["col_drop"]) < min_drop:
+            break
+        bad[h] = True
+        suspects.append(Suspect("host", probes.hosts[h], score, host=probes.hosts[h], evidence=evidence))
+    baseline = ~bad[probes.src] & ~bad[probes.dst]
+    z = _z_against(logs, baseline)
+    shortfall = np.median(logs[baseline]) - logs if baseline.any() else np.zeros(len(logs))
+    unexplained = (z >= z_min) & (shortfall >= -np.log1p(-min_drop)) & baseline
+    paths: dict[tuple[int, int], list[float]] = {}
+    for s, d, v in zip(probes.src[unexplained], probes.dst[unexplained], z[unexplained]):
+        paths.setdefault((min(s, d), max(s, d)), []).append(float(v))
+    for (a, b), values in paths.items():
+        name = f"{probes.hosts[a]}<->{probes.hosts[b]}"
+        suspects.append(Suspect("path", name, float(np.median(values)),
+                                evidence={"slow_directions": len(values), "median_z": round(float(np.median(values)), 2)}))
+    return sorted(suspects, key=lambda s: -s.score)
+
+
+def _z_against(logs: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+    """Each probe's shortfall below the baseline probes' median, in units of their noise."""
+    if not baseline.any():
+        return np.zeros(len(logs))
+    return -robust_z(logs, logs[baseline])
+
+
+LEAVE_ONE_OUT_HOSTS = 64  # up to this many hosts, each host is judged against the probes it is not in
+FEW_PROBES = 8  # fewer baseline probes than this: no noise estimate, a host must be separated from all
+
+
+def _worst_host(probes: Probes, logs: np.ndarray, bad: np.ndarray) -> tuple[int, float, dict] | None:
+    """The host, not yet suspected, whose row and column fall furthest below the probes among
+    unsuspected hosts: (host, score = the smaller of its row's and column's median z, evidence).
+    In clusters of up to :data:`LEAVE_ONE_OUT_HOSTS` hosts, each host's baseline leaves its own
+    probes out (one host is a large share of them); in larger ones it makes no difference. With
+    fewer than :data:`FEW_PROBES` baseline probes (a ring of four hosts), their spread says
+    nothing of the noise: the host's probes must all fall below the slowest of them, and the
+    score is that gap scaled so that a gap of ``MIN_DROP`` scores ``Z_MIN``."""
+    clean = ~bad[probes.src] & ~bad[probes.dst]
+    n = len(bad)
+    candidates = [h for h in range(n) if not bad[h]]
+    best: tuple[int, float, dict] | None = None
+    for group in ([[h] for h in candidates] if n <= LEAVE_ONE_OUT_HOSTS else [candidates]):
+        baseline = clean & ~np.isin(probes.src, group) & ~np.isin(probes.dst, group) if len(group) == 1 else clean
+        if not baseline.any():
+            continue
+        z = _z_against(logs, baseline)
+        drop = -np.expm1(-(np.median(logs[baseline]) - logs))
+        few = baseline.sum() < FEW_PROBES
+        for h in group:
+            row, col = (probes.src == h) & clean, (probes.dst == h) & clean
+            if not row.any() or not col.any():
+                continue
+            if few:  # too few probes to estimate their noise: the host must fall below all of them
+                gap = logs[baseline].min() - max(logs[row].max(), logs[col].max())
+                score = float(Z_MIN * gap / -np.log1p(-MIN_DROP))
+            else:
+                score = float(min(np.median(z[row]), np.median(z[col])))
+            if best is None or score > best[1]:
+                best = (h, score, {
+                    "row_median_z": round(float(np.median(z[row])), 2), "col_median_z": round(float(np.median(z[col])), 2),
+                    "row_drop": round(float(np.median(drop[row])), 3), "col_drop": round(float(np.median(drop[col])), 3),
+                    "probes": int(row.sum() + col.sum())})
+    return best

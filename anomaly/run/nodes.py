@@ -1,0 +1,80 @@
+"""What each node's own collectors saw during the job: fault counters that moved, GPUs that
+throttled.
+
+``dpro record`` snapshots every host counter at the start and the end of the job
+(``counters-start.json``, ``counters-end.json``: :class:`dpro.collectors.counters.Snapshot`)
+and samples every GPU through NVML (``gpu-samples.csv``). A counter that counts faults
+(:data:`dpro.collectors.counters.catalog.FAULT_COUNTERS`: errors, drops, link losses, retries,
+uncorrected ECC) and went up during the job makes its device a suspect; so does a GPU that
+spent at least half of its samples slowed by a hardware slowdown, a thermal limit or a power
+brake.
+
+Scores are on the scale of the other analyses, where 4 is where something stands out: a
+faulty counter scores ``4 + log10(increase)``, a throttled GPU ``4 ×`` the share of its
+samples it spent throttled (so 2 to 4).
+
+    >>> counter_faults(analysis), throttled_gpus(analysis)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dpro.anomaly.suspects import Suspect
+from dpro.collectors.counters import Snapshot, diff
+from dpro.collectors.counters.catalog import FAULT_COUNTERS
+from dpro.run_format import COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, Run, read_json
+
+__all__ = ["SLOWDOWN_REASONS", "counter_faults", "gpu_samples", "throttled_gpus"]
+
+Z_MIN = 4.0
+MIN_THROTTLED_SHARE = 0.5
+SLOWDOWN_REASONS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
+                    0x80: "hardware power brake"}
+"""NVML's clock throttle reasons that mean the GPU is held back (``nvmlClocksThrottleReason*``;
+an idle GPU, application clocks and the software power cap are not faults)."""
+
+
+def counter_faults(run: Run) -> list[Suspect]:
+    """A suspect per device (NIC, interface, GPU) whose fault counters went up during the job."""
+    out = []
+    for host, (start, end) in run.node_files(COUNTERS_START_FILE, COUNTERS_END_FILE):
+        moved: dict[tuple[str, str], dict[str, int]] = {}
+        for rate in diff(Snapshot.from_dict(read_json(start)), Snapshot.from_dict(read_json(end))).rates:
+            if rate.canonical in FAULT_COUNTERS and rate.delta:
+                moved.setdefault((rate.source, rate.device), {})[rate.canonical] = int(rate.delta)
+        for (source, device), counts in moved.items():
+            kind = "gpu" if source == "gpu" else "nic"
+            out.append(Suspect(kind, f"{host}/{device}", Z_MIN + math.log10(max(counts.values())), host=host,
+                               evidence={"cause": "fault counters went up during the job", "counters": counts}))
+    return sorted(out, key=lambda s: -s.score)
+
+
+def gpu_samples(run: Run) -> pd.DataFrame:
+    """Every node's GPU samples (``gpu-samples.csv``) with a ``host`` column; empty when none."""
+    frames = []
+    for host, (path,) in run.node_files(GPU_SAMPLES_FILE):
+        frame = pd.read_csv(path)
+        if len(frame):
+            frames.append(frame.assign(host=host))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def throttled_gpus(samples: pd.DataFrame) -> list[Suspect]:
+    """A suspect per GPU held back by a slowdown reason in at least half of its samples."""
+    if samples.empty or "throttle_reasons" not in samples:
+        return []
+    reasons = pd.to_numeric(samples["throttle_reasons"], errors="coerce").fillna(0).astype("int64")
+    out = []
+    for (host, gpu), rows in samples.assign(reasons=reasons).groupby(["host", "gpu"]):
+        held = {name: float(((rows["reasons"] & bit) != 0).mean()) for bit, name in SLOWDOWN_REASONS.items()}
+        share = float(((rows["reasons"] & sum(SLOWDOWN_REASONS)) != 0).mean())
+        if share >= MIN_THROTTLED_SHARE:
+            evidence = {"cause": "the GPU's clocks were held back", "share_of_samples": round(share, 3),
+                        "reasons": {k: round(v, 3) for k, v in held.items() if v > 0}, "samples": len(rows)}
+            if "sm_clock_mhz" in rows:
+                evidence["median_sm_clock_mhz"] = float(pd.to_numeric(rows["sm_clock_mhz"], errors="coerce").median())
+            out.append(Suspect("gpu", f"{host}/gpu{int(gpu)}", Z_MIN * share, host=str(host), evidence=evidence))
+    return sorted(out, key=lambda s: -s.score)

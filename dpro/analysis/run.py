@@ -1,0 +1,244 @@
+"""The run model: a recorded run opened once, and everything the analysis derives from it.
+
+:class:`RunAnalysis` is what every command and library entry point takes instead of a path.
+Opening it reads only the manifest; each part is computed on first use and kept:
+
+- cheap facts read from the run directory: ranks, hosts, per-rank metadata, step times
+  (``steps.csv``), recorded clock offsets;
+- the *per-rank stage* (:mod:`dpro.graph.reduction`: each rank's trace decoded and reduced to
+  its typical step and collective instances), fanned out over a process pool or a Dask cluster
+  (:mod:`dpro.analysis.fanout`);
+- the *global stage*, on the reductions only: the collectives matched across ranks
+  (:func:`dpro.graph.matching.match`, the one matcher), the refined clock offsets and the
+  dataflow graph;
+- replays of the graph.
+
+The global stage's results and the replay are stored as versioned Parquet in the run's
+``derived/`` folder (or the user's cache when the run is read-only; see
+:mod:`dpro.graph.store`), keyed by the formats and the code that built them, the options and
+every input file's size and modification time: a second command on an unchanged run decodes
+no trace and builds no graph. The traces' own caches go there too (``derived/traces/``).
+
+    >>> analysis = RunAnalysis.open("run1")                    # doctest: +SKIP
+    >>> analysis.graph, analysis.replay().step_ns              # doctest: +SKIP
+    >>> analysis.collectives                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+import dpro.graph
+import dpro.replayer
+import dpro.run_format
+from dpro.analysis.fanout import map_ranks
+from dpro.graph import store
+from dpro.graph.collectives import nccl_log_algorithms
+from dpro.graph.dataflow import DataflowGraph, GraphError, build_graph, common_steps
+from dpro.graph.kineto import TraceTables, load_trace
+from dpro.graph.matching import match
+from dpro.graph.reduction import RankReduction, reduce_trace
+from dpro.replayer.result import Replay
+from dpro.run_format import Run, open_run
+
+__all__ = ["RunAnalysis"]
+
+
+class RunAnalysis:
+    """A run opened once (see the module docstring).
+
+    ``align``: align the ranks' clocks (recorded offsets refined with the collectives);
+    ``scheduler``: a Dask scheduler address for the per-rank stage (default
+    ``$DPRO_SCHEDULER``); ``workers``: the local process pool's size (default: the cores);
+    ``progress``: a progress bar on stderr for the per-rank stage; ``cache``: read and write
+    the stored analysis (``False`` recomputes everything and stores nothing).
+    """
+
+    def __init__(self, run: Run, *, align: bool = True, scheduler: str | None = None, workers: int | None = None,
+                 progress: bool = False, cache: bool = True) -> None:
+        self.run = run
+        self.align = align
+        self.scheduler = scheduler
+        self.workers = workers
+        self.progress = progress
+        self.cache = cache
+        self.built = False  # whether this object decoded traces and built the graph (not read it from the cache)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, **options: Any) -> RunAnalysis:
+        """Open the run directory at ``path`` (a one-line error if it is not one)."""
+        return cls(open_run(path), **options)
+
+    # --- read from the run directory ------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        return self.run.root
+
+    @cached_property
+    def ranks(self) -> list[int]:
+        return self.run.ranks
+
+    @cached_property
+    def metas(self) -> dict[int, dict[str, Any]]:
+        """Each rank's ``meta.json``."""
+        return {r: self.run.rank_meta(r) for r in self.ranks}
+
+    @cached_property
+    def hosts(self) -> dict[int, str]:
+        """Each rank's host ("" when not recorded)."""
+        return {r: str(m.get("host") or "") for r, m in self.metas.items()}
+
+    @cached_property
+    def recorded_offsets(self) -> dict[int, int]:
+        """Each rank's clock offset against rank 0 as ``dpro record`` measured it."""
+        return {r: self.run.clock_offset_ns(r) for r in self.ranks}
+
+    def steps(self, rank: int) -> pd.DataFrame:
+        """Every step the rank timed (:meth:`dpro.run_format.Run.steps`)."""
+        return self.run.steps(rank)
+
+    @cached_property
+    def step_times(self) -> pd.DataFrame:
+        """Every timed step of every rank: ``rank``, ``step``, ``dur_ns``, ``phase``."""
+        frames = [self.steps(r).dropna(subset=["dur_ns"]).assign(rank=r) for r in self.ranks]
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
+                                 "dur_ns": pd.Series(dtype="int64"), "phase": pd.Series(dtype="str")})
+        out = pd.concat(frames, ignore_index=True)
+        return out[["rank", "step", "dur_ns", "phase"]].astype({"dur_ns": "int64"})
+
+    @property
+    def has_traces(self) -> bool:
+        """Whether every rank wrote a trace (what the graph needs)."""
+        return bool(self.ranks) and all(self.run.trace_path(r) is not None for r in self.ranks)
+
+    def bucket_bytes(self) -> list[int]:
+        """Bytes of each DDP gradient bucket, in the order they are all-reduced (from the lowest
+        rank's metadata; empty when the job used no DDP or it was not recorded)."""
+        ddp = (self.metas[min(self.ranks)].get("ddp") or []) if self.ranks else []
+        return [int(b["bytes"]) for b in ddp[0]["buckets"]] if ddp and "buckets" in ddp[0] else []
+
+    # --- traces and the per-rank stage -----------------------------------------------------------
+
+    @cached_property
+    def derived_dir(self) -> Path:
+        return self.run.derived_dir()
+
+    def trace_cache_dir(self, rank: int) -> Path:
+        return self.derived_dir / "traces" / str(rank)
+
+    def tables(self, rank: int) -> TraceTables:
+        """One rank's trace as tables (decoded once, then read from the trace cache)."""
+        path = self.run.trace_path(rank)
+        if path is None:
+            raise GraphError(f"{self.root}: rank {rank} wrote no trace")
+        return load_trace(path, rank=rank, cache=self.cache, cache_dir=self.trace_cache_dir(rank))
+
+    def _reduce(self, ranks: list[int], steps: list[int] | None) -> dict[int, RankReduction]:
+        tasks = [(self.run.trace_path(r), r, self.trace_cache_dir(r) if self.cache else None, steps) for r in ranks]
+        results = map_ranks(reduce_trace, tasks, scheduler=self.scheduler, workers=self.workers,
+                            progress=self.progress, desc="decoding traces")
+        return dict(zip(ranks, results))
+
+    def _reductions(self) -> dict[int, RankReduction]:
+        """Every rank's reduction, each typical step made of the steps all ranks profiled."""
+        missing = [r for r in self.ranks if self.run.trace_path(r) is None]
+        if not self.ranks or missing:
+            raise GraphError(f"{self.root}: no trace for rank(s) {missing or 'any'}; "
+                             "was the profiling window reached?")
+        reductions = self._reduce(self.ranks, None)
+        common = common_steps({r: rd.steps for r, rd in reductions.items()})
+        redo = [r for r, rd in reductions.items() if rd.step.steps != common]
+        if redo:  # a rank profiled steps the others did not: reduce it again over the common ones
+            reductions.update(self._reduce(redo, common))
+        return reductions
+
+    # --- the global stage, stored --------------------------------------------------------------
+
+    @cached_property
+    def _folder(self) -> Path:
+        return self.derived_dir / f"analysis-{'aligned' if self.align else 'unaligned'}"
+
+    @cached_property
+    def _key(self) -> dict[str, Any]:
+        return {"code": store.code_version(dpro.graph, dpro.run_format), "align": self.align,
+                "inputs": store.file_stamps(self.root, self.run.analysis_inputs())}
+
+    @cached_property
+    def _derived(self) -> tuple[DataflowGraph, dict[str, pd.DataFrame]]:
+        if self.cache:
+            found = store.load_graph(self._folder, self._key)
+            if found is not None:
+                return found
+        reductions = self._reductions()
+        logs = self.run.nccl_logs()
+        graph = build_graph(reductions, self.recorded_offsets, align=self.align, bucket_bytes=self.bucket_bytes(),
+                            algorithms=nccl_log_algorithms(logs) if logs else None, hosts=self.hosts)
+        instances = match(pd.concat([rd.instances for rd in reductions.values()], ignore_index=True))
+        profiled = pd.concat([rd.profiled_steps.assign(rank=r) for r, rd in reductions.items()], ignore_index=True)
+        tables = {"instances": instances, "profiled_steps": profiled[["rank", "step", "start_ns", "end_ns"]]}
+        self.built = True
+        if self.cache:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            store.save_graph(self._folder, self._key, graph, tables)
+        return graph, tables
+
+    @property
+    def graph(self) -> DataflowGraph:
+        """The global dataflow graph of a typical step (:mod:`dpro.graph.dataflow`)."""
+        return self._derived[0]
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """The clock offsets applied: recorded, refined with the collectives (0 without ``align``)."""
+        return self.graph.clock_offsets_ns
+
+    @property
+    def collectives(self) -> pd.DataFrame:
+        """Every matched collective instance of every profiled step: ``rank``, ``step``,
+        ``pg_name``, ``coll_name``, ``occurrence``, ``start_ns`` (aligned to rank 0's clock),
+        ``dur_ns``, ``nbytes`` (NaN if unknown), ``group_size``."""
+        instances = self._derived[1]["instances"].copy()
+        instances["start_ns"] -= instances["rank"].map(self.offsets).fillna(0).astype("int64")
+        return instances
+
+    @property
+    def profiled_steps(self) -> pd.DataFrame:
+        """Each rank's profiled steps: ``rank``, ``step``, ``start_ns``, ``end_ns`` (its own clock)."""
+        return self._derived[1]["profiled_steps"]
+
+    # --- replays ---------------------------------------------------------------------------------
+
+    def replay(self) -> Replay:
+        """The replay of the recorded graph (stored beside it)."""
+        return self._replay
+
+    @cached_property
+    def _replay(self) -> Replay:
+        graph = self.graph
+        key = {**self._key, "replayer": store.code_version(dpro.replayer)}
+        if self.cache:
+            found = store.load(self._folder, "replay", key)
+            if found is not None:
+                tables, info = found
+                times = tables["times"]
+                return Replay(times["start_ns"].to_numpy(), times["end_ns"].to_numpy(),
+                              {int(r): float(v) for r, v in info["step_ns"].items()}, list(info["critical_path"]),
+                              times["cause_edge"].to_numpy())
+        from dpro.replayer.simulate import replay
+
+        result = replay(graph)
+        if self.cache:
+            store.save(self._folder, "replay", key,
+                       {"times": pd.DataFrame({"start_ns": result.start_ns, "end_ns": result.end_ns,
+                                               "cause_edge": result.cause_edge})},
+                       {"step_ns": {str(r): v for r, v in result.step_ns.items()},
+                        "critical_path": [int(v) for v in result.critical_path]})
+        return result

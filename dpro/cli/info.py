@@ -1,0 +1,55 @@
+"""``dpro info``: what a run directory or a single trace holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dpro.cli.options import ms, table
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--rank", type=int, help="Rank of a trace that does not say which rank it is.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def info(path: Path, rank: int | None, as_json: bool) -> None:
+    """Summarize a run directory or a single Kineto trace (.json or .json.gz).
+
+    Prints ranks, hosts, steps, step-time statistics per rank (median, p90, slowest rank) and
+    event counts.
+    """
+    from dpro.analysis.summary import summarize
+
+    if not path.exists():
+        raise click.ClickException(f"no such file or directory: {path}")
+    summary = summarize(path, rank=rank)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        click.echo(format_summary(summary))
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary of :func:`dpro.analysis.summary.summarize` as text."""
+    lines = [f"{s['kind']}: {s['path']}"]
+    if s.get("command"):
+        lines.append(f"command: {' '.join(s['command'])}")
+    lines.append(f"hosts: {', '.join(s['hosts']) or '-'}")
+    lines.append(f"ranks: {len(s['ranks'])} of world size {s.get('world_size') or '?'}; "
+                 f"slowest rank (median step): {s['slowest_rank'] if s['slowest_rank'] is not None else '-'}")
+    header = ("rank", "host", "steps", "timed", "median ms", "p90 ms", "profiled ms", "events", "errors")
+    rows = [header]
+    for r in s["per_rank"]:
+        rows.append((str(r["rank"]), r.get("host") or "-", str(r["steps"]), str(r["steps_timed"]),
+                     ms(r["step_ms"]["median"]), ms(r["step_ms"]["p90"]),
+                     ms(r.get("profiled_step_ms", {}).get("median")),
+                     "-" if r.get("events") is None else str(r["events"]), str(r.get("errors", 0))))
+    lines += ["", table(rows)]
+    for n in s.get("nodes", []):
+        status = f"exit code {n['exit_code']}" if n.get("signal") is None else f"killed by {n['signal']}"
+        lines.append(f"\nnode {n['host']}: job {status}")
+        lines += [f"  {name}: {note}" for name, note in (n.get("collectors") or {}).items()]
+    return "\n".join(lines)

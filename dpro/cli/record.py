@@ -1,0 +1,135 @@
+"""``dpro record``, ``dpro demo`` and ``dpro merge``: recording jobs into run directories."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dpro.cli import CONTEXT
+from dpro.cli.info import format_summary
+
+
+def _window_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--skip", default=10, show_default=True, type=click.IntRange(min=1),
+                     help="Steps before profiling starts (step 0 ends at the first optimizer step)."),
+        click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
+                     help="Profiler warm-up steps (traced but discarded)."),
+        click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1),
+                     help="Steps profiled and written to each rank's trace."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _default_run_name(prefix: str) -> Path:
+    return Path(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+@click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Run directory to create (default: dpro-run-DATE-TIME).")
+@_window_options
+@click.option("--force", is_flag=True, help="Replace an existing dpro run at --output.")
+@click.option("--join", is_flag=True,
+              help="Add this node to a run other nodes record into (same --output on a shared "
+                   "file system); every node of a multi-node job runs dpro record --join.")
+@click.option("--gpu-interval", default=0.1, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds between GPU samples (NVML).")
+@click.option("--sysfs-root", type=click.Path(exists=True, file_okay=False),
+              help="Read NIC counters from this sysfs tree instead of /sys (also $DPRO_SYSFS_ROOT).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool, join: bool,
+           gpu_interval: float, sysfs_root: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND and record every rank of the training job it starts.
+
+    \b
+    Examples:
+      dpro record -o run1 -- torchrun --nproc-per-node 8 train.py --lr 0.1
+      dpro record -o run1 --skip 50 --steps 3 -- python train.py
+      srun dpro record --join -o /shared/run1 -- torchrun ... train.py   (one per node)
+
+    The script is not changed: steps end at each optimizer step (or at dpro.step() in loops
+    without an optimizer). dpro exits with the job's exit code.
+    """
+    from dpro.collectors.record import RecordOptions, exit_like
+    from dpro.collectors.record import record as record_job
+
+    opts = RecordOptions(output=output or _default_run_name("dpro-run"), skip=skip, warmup=warmup,
+                         steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
+                         sysfs_root=sysfs_root)
+    status = record_job(list(command), opts)
+    _report_recording(opts.output)
+    sys.exit(exit_like(status))
+
+
+def _report_recording(run_dir: Path) -> None:
+    """Say on stderr what was recorded, and any hook failure."""
+    from dpro.analysis import RunAnalysis
+    from dpro.analysis.summary import summarize_run
+
+    summary = summarize_run(RunAnalysis.open(run_dir), count_events=False)
+    ranks = summary["per_rank"]
+    traces = sum(1 for r in ranks if r["trace"])
+    steps = sorted({r["steps"] for r in ranks})
+    click.echo(f"dpro: recorded {len(ranks)} rank(s), {traces} trace(s), "
+               f"{'/'.join(map(str, steps)) or 0} step(s) per rank in {run_dir}", err=True)
+    for r in ranks:
+        if r["errors"]:
+            click.echo(f"dpro: warning: rank {r['rank']}: {r['errors']} failure(s) in dpro's hooks "
+                       f"(the job went on); see {run_dir}/ranks/{r['rank']}/errors.log", err=True)
+    for path in sorted(run_dir.glob("errors-*.log")):
+        click.echo(f"dpro: warning: dpro's hooks failed before a rank was known; see {path}", err=True)
+
+
+@click.command()
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Run directory to create (default: dpro-demo-DATE-TIME).")
+@click.option("--nproc", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Ranks to start on this machine.")
+@click.option("--train-steps", default=40, show_default=True, type=click.IntRange(min=2),
+              help="Training steps of the example job.")
+@_window_options
+def demo(output: Path | None, nproc: int, train_steps: int, skip: int, warmup: int, steps: int) -> None:
+    """Record the bundled example (a small transformer LM with DDP) on local ranks."""
+    from dpro.collectors.record import RecordOptions, record as record_job
+    from importlib.util import find_spec
+
+    from dpro.analysis.summary import summarize
+
+    run_dir = output or _default_run_name("dpro-demo")
+    if skip + warmup + steps > train_steps:
+        raise click.ClickException(f"the profiling window (skip {skip} + warm-up {warmup} + steps "
+                                   f"{steps}) does not fit in {train_steps} training steps")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", find_spec("dpro.examples.train_lm").origin, f"--steps={train_steps}"]
+    click.echo(f"dpro demo: recording {' '.join(command[2:])}", err=True)
+    status = record_job(command, RecordOptions(output=run_dir, skip=skip, warmup=warmup, steps=steps))
+    if status != 0:
+        raise click.ClickException(f"the example job failed (status {status}); see the output above")
+    click.echo(format_summary(summarize(run_dir)))
+    click.echo(f"\nrecorded in {run_dir}/ (layout: docs/run-format.md). Next:\n"
+               f"  dpro info {run_dir} --json        # the same, as JSON\n"
+               f"  dpro info {run_dir}/ranks/0/trace.json.gz   # one rank's profiled steps\n"
+               f"  open {run_dir}/ranks/0/trace.json.gz in https://ui.perfetto.dev to see the timeline")
+
+
+@click.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False,
+                                                                      path_type=Path))
+def merge(output: Path, sources: tuple[Path, ...]) -> None:
+    """Merge runs recorded on separate nodes (local run directories) into OUTPUT.
+
+    \b
+    Example:  dpro merge run1 node0/run1 node1/run1
+    """
+    from dpro.merge import merge_runs
+
+    merged = merge_runs(list(sources), output)
+    click.echo(f"dpro: merged {len(sources)} run(s) into {output}: ranks {merged['ranks']}")

@@ -1,0 +1,38 @@
+"""Robust statistics shared by the analyses: the median and the scaled median absolute deviation.
+
+For normally distributed values, ``1.4826 × MAD`` estimates the standard deviation, and it is
+not moved by the outliers the analyses look for. A robust z-score is a value's distance from
+the median of a reference set, in units of that spread.
+
+    >>> robust_z(np.array([10.0, 11.0, 9.0, 10.0, 30.0]))
+    array([ 0.        ,  0.67449...,  -0.67449...,  0.        , 13.48...])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MAD_SCALE", "robust_spread", "robust_z"]
+
+MAD_SCALE = 1.4826
+"""``1 / Φ⁻¹(3/4)``: the MAD of a normal distribution times this is its standard deviation."""
+
+
+def robust_spread(values: np.ndarray, centre: float | None = None) -> float:
+    """``1.4826 ×`` the median absolute deviation of ``values`` from ``centre`` (default: their median)."""
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+        return 0.0
+    centre = float(np.median(values)) if centre is None else centre
+    return MAD_SCALE * float(np.median(np.abs(values - centre)))
+
+
+def robust_z(values: np.ndarray, reference: np.ndarray | None = None, floor: float = 1e-9,
+             centre: float | None = None) -> np.ndarray:
+    """How far each of ``values`` lies above the median of ``reference`` (default: ``values``), in
+    units of the reference's robust spread, which is at least ``floor``; ``centre`` replaces
+    the median as the point deviations are measured from."""
+    values = np.asarray(values, np.float64)
+    reference = values if reference is None else np.asarray(reference, np.float64)
+    middle = float(np.median(reference)) if centre is None else centre
+    return (values - middle) / max(robust_spread(reference, middle), floor)

@@ -1,0 +1,247 @@
+"""One rank's typical step: its top-level ops, kernels and edges, as means over its profiled steps.
+
+The profiled steps of a rank are cut into nodes (the top-level ops of each CPU thread, the
+kernels, copies and memsets of each GPU stream) and the calls that carry dependencies
+(launches, syncs, collective enqueues). The steps whose sequence of nodes is the most common
+(the fuller one among ties) give the typical step: the first of them is its template, and each
+node's duration and start (``offset_ns``, from the step's start) are the means over them, so
+that their sum is the mean step. Edges within the rank (see :mod:`dpro.graph.dataflow`) are
+measured in the template's own step. The rank's collective instances are numbered as
+:mod:`dpro.graph.matching` matches them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dpro.graph.kineto import TraceTables
+from dpro.graph.matching import does_work, has_collective_kernels, number
+from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_FAMILIES, SYNC_NAMES,
+                                   collective_family)
+
+__all__ = ["NODE_COLUMNS", "RankStep", "typical_step"]
+
+NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "occurrence", "nbytes"]
+
+
+@dataclass
+class RankStep:
+    """One rank's typical step: ``nodes`` (:data:`NODE_COLUMNS`: ``occurrence`` numbers the
+    collective instances, -1 elsewhere; ``nbytes`` their sizes), ``edges`` within the rank
+    (``src``, ``dst``, ``lag_ns``, ``kind``, over node positions), the mean ``step_ns``, when the
+    typical step starts (``start_ns``, the rank's clock) and the ``steps`` it is made of."""
+
+    rank: int
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    step_ns: float
+    start_ns: int
+    steps: list[int] = field(default_factory=list)
+
+
+def _top_level(events: pd.DataFrame) -> np.ndarray:
+    """Mask of the events (of one thread, sorted by start) not nested in an earlier one."""
+    ends = (events["start_ns"] + events["dur_ns"]).to_numpy()
+    prev_max = np.maximum.accumulate(np.concatenate([[np.iinfo(np.int64).min], ends[:-1]]))
+    return events["start_ns"].to_numpy() >= prev_max
+
+
+def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Top-level CPU ops per thread and GPU ops per stream of one step; and the calls that carry
+    dependencies (launches, syncs, collective enqueues), nested or top-level, each with the key
+    of its top-level parent."""
+    ev = ev[~ev["name"].astype(str).str.startswith("ProfilerStep#")]
+    ev = ev.assign(event=ev.index)
+    cpu = ev[ev["cat"].isin(CPU_CATEGORIES) & (ev["stream"] < 0)]
+    gpu = ev[ev["cat"].isin(GPU_OP_CATEGORIES)]
+    parts, inner = [], []
+    for tid, thread in cpu.groupby("tid", sort=True):
+        thread = thread.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
+        top = _top_level(thread)
+        tops = thread[top].assign(kind="cpu", resource=f"cpu/{tid}")
+        parts.append(tops)
+        nested = thread[~top]
+        parent = np.searchsorted(tops["start_ns"].to_numpy(), nested["start_ns"].to_numpy(), "right") - 1
+        inner.append(nested.assign(parent_key=[f"cpu/{tid}#{p}" for p in parent]))
+    for stream, s in gpu.groupby("stream", sort=True):
+        parts.append(s.sort_values("start_ns").assign(kind="gpu", resource=f"gpu/{stream}"))
+    nodes = pd.concat(parts, ignore_index=True) if parts else ev.iloc[:0].assign(kind="", resource="")
+    nodes["pos"] = nodes.groupby("resource").cumcount()
+    nodes["key"] = nodes["resource"] + "#" + nodes["pos"].astype(str)
+    # The step ends in the optimizer step hook, inside the optimizer's own op: what that op does
+    # after the boundary (the hook, and the profiler stopping in the window's last step)
+    # belongs to no step.
+    cpu_rows = nodes["kind"] == "cpu"
+    nodes.loc[cpu_rows, "dur_ns"] = np.minimum(nodes.loc[cpu_rows, "dur_ns"],
+                                               np.maximum(step_end - nodes.loc[cpu_rows, "start_ns"], 0))
+    nodes["offset_ns"] = nodes["start_ns"] - step_start
+    inner = pd.concat(inner, ignore_index=True) if inner else ev.iloc[:0].assign(parent_key="")
+    # A top-level call (a launch or sync made outside any op) is its own parent.
+    calls = pd.concat([nodes[nodes["kind"] == "cpu"].assign(parent_key=nodes["key"]), inner], ignore_index=True)
+    return nodes, calls
+
+def _signature(nodes: pd.DataFrame) -> tuple:
+    return tuple(zip(nodes["resource"], nodes["name"].astype(str)))
+
+def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd.DataFrame) -> RankStep:
+    """One rank's typical step over ``steps``: means over the steps that share a structure.
+
+    ``instances``: the rank's collective instances (:func:`dpro.graph.matching.rank_instances`),
+    which give the template's collectives their sizes.
+    """
+    per_step = []
+    windows = tables.steps.set_index("step")
+    kernels = has_collective_kernels(tables.events)
+    for s in steps:
+        ev = tables.events[tables.events["step"] == s]
+        nodes, inner = _step_nodes(ev, int(windows.loc[s, "start_ns"]), int(windows.loc[s, "end_ns"]))
+        per_step.append((s, nodes, inner))
+    signatures = [_signature(n) for _, n, _ in per_step]
+    # the most common structure; ties: the fuller step, then the earlier (never the set's hash order)
+    common = max(dict.fromkeys(signatures), key=lambda sig: (signatures.count(sig), len(sig)))
+    chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
+    template_step, template, inner = chosen[0]
+    template["measured_end_ns"] = template["start_ns"] + template["dur_ns"]  # in the template's own step
+    for column in ("dur_ns", "offset_ns"):
+        template[column] = np.mean(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
+    step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
+    step_ns = float(np.mean(step_durations))  # contiguous steps: the window's span over their count
+    _mark_instances(template, kernels, instances[instances["step"] == template_step])
+    edges = _rank_edges(template, inner, kernels)
+    # Where the typical step starts: the mean over every step used by any rank, so that the
+    # ranks' starts compare even when each rank's typical steps are a different subset.
+    starts = windows.loc[steps, "start_ns"].to_numpy(np.int64)
+    return RankStep(rank, template[NODE_COLUMNS].reset_index(drop=True),
+                    pd.DataFrame(edges, columns=["src", "dst", "lag_ns", "kind"]).astype({"lag_ns": "int64"}), step_ns,
+                    start_ns=int(starts[0] + np.mean(starts - starts[0])), steps=list(steps))
+
+
+def _mark_instances(nodes: pd.DataFrame, kernels: bool, instances: pd.DataFrame) -> None:
+    """Number the template's collective instances (``occurrence``, by order of issue per process
+    group and collective; -1 for other nodes) and give them their bytes (NaN if unknown)."""
+    nodes["pg_name"] = nodes["pg_name"].astype(object).fillna("").astype(str)
+    mask = does_work(nodes, kernels)
+    nodes["occurrence"] = -1
+    nodes.loc[mask, "occurrence"] = number(nodes[mask], ["pg_name", "coll_name"], "offset_ns").to_numpy()
+    nodes["nbytes"] = nodes["event"].map(instances.set_index("event")["nbytes"]).where(mask).astype("float64")
+
+def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list[tuple[int, int, int, str]]:
+    """Edges within one rank: program order, launches, syncs, collective enqueues and waits
+    (collective kernels are launched like any kernel, and waited for through syncs)."""
+    index = {k: i for i, k in enumerate(nodes["key"])}
+    start = nodes["offset_ns"].to_numpy()
+    end = start + nodes["dur_ns"].to_numpy()
+    measured_start = nodes["start_ns"].to_numpy()  # absolute, in the step the template came from
+    measured_end = nodes["measured_end_ns"].to_numpy()
+
+    def parent_of(keys: pd.Series) -> list[int | None]:
+        return [index.get(k) for k in keys]
+
+    def lag_after_parent(parent: int, done_abs: int) -> int:
+        """Lag from the parent's end to a nested call's end (how long before its parent ended
+        it returned), both as measured in the template's own step: not mixed with the parent's
+        typical duration, which would move a call at the end of an op past the op's end."""
+        return int(done_abs - measured_end[parent])
+
+    order: dict[int, list] = {}
+    for _, group in nodes.groupby("resource", sort=False):
+        ids = group.index.to_numpy()
+        for a, b in zip(ids[:-1], ids[1:]):
+            order[b] = [a, b, int(start[b] - end[a]), "order"]
+    edges: list[tuple[int, int, int, str]] = []
+    gpu = nodes[nodes["kind"] == "gpu"]
+    by_corr = dict(zip(gpu["correlation"], gpu.index))
+    # CPU -> GPU: the launch call, nested in a top-level op, returns before the kernel can start.
+    launches = inner[inner["correlation"].isin(by_corr.keys()) & (inner["correlation"] >= 0)]
+    launched_by = np.full(len(nodes), -1)
+    for parent, corr, done in zip(parent_of(launches["parent_key"]), launches["correlation"],
+                                  launches["start_ns"] + launches["dur_ns"]):
+        if parent is not None:
+            edges.append((parent, by_corr[corr], lag_after_parent(parent, done), "launch"))
+            launched_by[by_corr[corr]] = parent
+    # GPU -> CPU: a blocking sync returns only after the GPU work it waited for. Work launched
+    # by the same top-level op (a blocking copy) is waited for inside that op's own duration.
+    gpu_end = (gpu["start_ns"] + gpu["dur_ns"]).to_numpy()
+    gpu_launcher = launched_by[gpu.index.to_numpy()]
+    syncs = inner[inner["name"].astype(str).isin(SYNC_NAMES)]
+    for parent, done in zip(parent_of(syncs["parent_key"]), syncs["start_ns"] + syncs["dur_ns"]):
+        finished = np.flatnonzero((gpu_end <= done) & (gpu_launcher != parent))
+        if parent is not None and finished.size:
+            last = finished[np.argmax(gpu_end[finished])]
+            edges.append((int(gpu.index[last]), parent, int(measured_start[parent] - gpu_end[last]), "sync"))
+    # Collectives: issued by a c10d::* call on another thread, waited for by idle CPU threads.
+    instances = _issue_order(nodes[nodes["occurrence"] >= 0]) if not kernels else nodes.iloc[:0].assign(issue=0)
+    issued = _enqueue_ops(inner).set_index(["coll_name", "issue"])
+    comm_threads = set(instances["resource"])  # their order already sequences the collectives
+    names = nodes["name"].astype(str)
+    optimizer_steps = nodes.index[(nodes["kind"] == "cpu") & names.str.startswith("Optimizer.step#")
+                                  & ~nodes["resource"].isin(comm_threads)].to_numpy()
+    optimizer_steps = optimizer_steps[np.argsort(start[optimizer_steps])]
+    cpu_threads = [g for resource, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)
+                   if resource not in comm_threads]
+    for i, name, k in zip(instances.index, instances["coll_name"], instances["issue"]):
+        if (name, k) in issued.index:
+            call = issued.loc[(name, k)]
+            parent = index.get(call["parent_key"])
+            if parent is not None:
+                edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
+        for thread in cpu_threads:
+            waiter = _waiter(thread, end[i], start, end)
+            if waiter is not None and waiter != i:
+                edges.append((i, waiter, int(start[waiter] - end[i]), "wait"))
+        # The optimizer updates with the reduced gradients: DDP waits for every bucket before
+        # it, often inside another op, where no idle time shows the wait.
+        gradients = collective_family(str(name)) in GRADIENT_FAMILIES
+        for step_op in optimizer_steps[start[optimizer_steps] > start[i]][:1] if gradients else []:
+            edges.append((i, int(step_op), max(0, int(start[step_op] - end[i])), "wait"))
+    _trim_idle_gaps(order, edges, start, end)
+    return edges + [tuple(e) for e in order.values()]
+
+
+def _trim_idle_gaps(order: dict[int, list], edges: list[tuple[int, int, int, str]],
+                    start: np.ndarray, end: np.ndarray) -> None:
+    """Keep in an order edge's lag only the gap its queue really needs.
+
+    Where an op's other input (a launch, a wait, an enqueue) became ready only after the
+    previous op on its thread or stream had ended, the queue sat idle waiting for that input:
+    the measured gap was waiting, and the order edge keeps only the latency from the input's
+    arrival to the op's start. Otherwise the queue was busy and the gap is its own. A
+    collective that ended while the waiting thread was still busy did not hold the op back, so
+    its wait's lag is cut to 0 (the measured one would be slack, and would bind once times
+    shift in a what-if).
+    """
+    ready = np.full(len(start), -np.inf)
+    for e, (src, dst, lag, kind) in enumerate(edges):
+        prev = order.get(dst)
+        if kind == "wait" and prev is not None and end[src] <= end[prev[0]] and lag > 0:
+            edges[e] = (src, dst, 0, kind)
+            lag = 0
+        ready[dst] = max(ready[dst], end[src] + lag)
+    for v, edge in order.items():
+        if ready[v] > end[edge[0]]:
+            edge[2] = int(min(edge[2], max(0.0, start[v] - ready[v])))
+
+
+def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> int | None:
+    """The op of ``thread`` that waited for a collective ``done`` at that time: the first to
+    start after it, if the thread was idle when it finished. (A thread still busy then shows no
+    sign of needing the result; a wait nested inside a top-level op is part of its duration.)"""
+    ids = thread.index.to_numpy()
+    j = int(np.searchsorted(start[ids], done, "left"))
+    if j >= len(ids) or (j > 0 and end[ids[j - 1]] > done):
+        return None
+    return int(ids[j])
+
+def _issue_order(instances: pd.DataFrame) -> pd.DataFrame:
+    """The rank's CPU-side collective instances, each with ``issue``: its order of issue among
+    the rank's collectives of the same name (what its enqueue call is numbered by)."""
+    return instances.assign(issue=number(instances, ["coll_name"], "offset_ns"))
+
+
+def _enqueue_ops(inner: pd.DataFrame) -> pd.DataFrame:
+    """Main-thread ``c10d::*`` calls that issue collectives, numbered like :func:`_issue_order`."""
+    issued = inner[inner["name"].astype(str).str.startswith("c10d::") & inner["coll_name"].notna()]
+    return issued.assign(issue=number(issued, ["coll_name"]))

@@ -1,0 +1,50 @@
+"""The import-linter contracts in pyproject.toml hold, and they catch an import that breaks them.
+
+``lint-imports`` finds modules by walking one package folder, but dpro's subpackages live in
+top-level folders mapped by ``[tool.setuptools] package-dir``; the test lays out that mapping
+as a tree of links to the source files (the view an installed package has) and checks it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from .conftest import ROOT
+
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def installed_view(into: Path) -> Path:
+    """``into/dpro/...``: every source file of the package, linked where an install puts it."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in sorted(mapping.items()):
+        target = into.joinpath(*package.split("."))
+        for source in (ROOT / folder).rglob("*.py"):
+            link = target / source.relative_to(ROOT / folder)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists():
+                link.symlink_to(source)
+    return into
+
+
+def lint(view: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(view)}
+    return subprocess.run([LINT_IMPORTS, "--config", ROOT / "pyproject.toml"], cwd=view, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_layers_hold(tmp_path: Path) -> None:
+    result = lint(installed_view(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_an_upward_import_breaks_them(tmp_path: Path) -> None:
+    view = installed_view(tmp_path)
+    (view / "dpro" / "graph" / "upward.py").write_text("import dpro.anomaly.diagnose\n")
+    result = lint(view)
+    assert result.returncode != 0 and "dpro.graph.upward -> dpro.anomaly.diagnose" in result.stdout, result.stdout
