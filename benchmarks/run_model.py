@@ -62,9 +62,13 @@ def _mode(run: Path, mode: str) -> dict:
 
 
 def _fanout(run: Path) -> list[dict]:
-    serial, pool, dask, all_tables = (_mode(run, m) for m in ("serial", "pool", "dask", "all-tables"))
+    serial, pool, dask, stage, all_tables = (_mode(run, m) for m in ("serial", "pool", "dask", "per-rank stage",
+                                                                      "all-tables"))
     n = _ranks(run)
-    rows = []
+    rows = [{"benchmark": "run_model", "case": f"{n} ranks: coordinator peak memory after the per-rank stage (pool)",
+             "metric": f"MiB (baseline: {n} ranks' trace tables in one process)", "dpro": stage["peak_mib"],
+             "baseline": all_tables["peak_mib"], "ratio": stage["peak_mib"] / all_tables["peak_mib"],
+             "goal": "below the baseline", "met": stage["peak_mib"] < all_tables["peak_mib"]}]
     for name, m in (("process pool (2 workers)", pool), ("Dask LocalCluster (2 workers)", dask)):
         rows.append({"benchmark": "run_model", "case": f"{n} ranks: analysis time, {name} vs one process",
                      "metric": f"s ({m['nodes']} graph nodes)", "dpro": m["seconds"], "baseline": serial["seconds"],
@@ -92,8 +96,9 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def _measure(mode: str, run: Path) -> dict:
-    """Analyse ``run`` here in ``mode`` (``serial``, ``pool``, ``dask``, or ``all-tables``: load
-    every trace's tables and keep them, the baseline)."""
+    """Analyse ``run`` here in ``mode`` (``serial``, ``pool``, ``dask``; ``per-rank stage``: the
+    pool's reductions only, no graph; ``all-tables``: load every trace's tables and keep them,
+    the baseline)."""
     start = time.perf_counter()
     nodes = 0
     if mode == "all-tables":
@@ -101,6 +106,10 @@ def _measure(mode: str, run: Path) -> dict:
 
         tables = {r: load_trace(run / "ranks" / str(r) / "trace.json.gz", rank=r, cache=False) for r in range(_ranks(run))}
         assert len(tables) == _ranks(run)
+    elif mode == "per-rank stage":
+        from dpro.analysis import RunAnalysis
+
+        assert len(RunAnalysis.open(run, cache=False).reductions()) == _ranks(run)
     else:
         from dpro.analysis import RunAnalysis
 
@@ -118,7 +127,7 @@ def _measure(mode: str, run: Path) -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="measure one mode of the fan-out (used by run())")
-    parser.add_argument("--measure", choices=("serial", "pool", "dask", "all-tables"), required=True)
+    parser.add_argument("--measure", choices=("serial", "pool", "dask", "per-rank stage", "all-tables"), required=True)
     parser.add_argument("run", type=Path)
     args = parser.parse_args()
     print(json.dumps(_measure(args.measure, args.run)))

@@ -40,7 +40,7 @@ from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_tables
 
-__all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces"]
+__all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces", "text_as_objects"]
 
 
 class GraphError(DproError):
@@ -81,6 +81,15 @@ class DataflowGraph:
         g.add_edges_from((int(s), int(d), {"lag_ns": int(l), "kind": k}) for s, d, l, k in
                          self.edges[["src", "dst", "lag_ns", "kind"]].itertuples(index=False))
         return g
+
+
+def text_as_objects(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its text columns as Python strings (object dtype), as the graph holds them:
+    pandas' own string dtypes (what Parquet and new frames give) cost a copy at every
+    ``to_numpy()``, which the replay and its reports do often."""
+    text = [c for c in frame if pd.api.types.is_string_dtype(frame[c]) and frame[c].dtype != object
+            and not isinstance(frame[c].dtype, pd.CategoricalDtype)]
+    return frame.astype({c: object for c in text}) if text else frame
 
 
 def common_steps(steps_by_rank: dict[int, list[int]]) -> list[int]:
@@ -141,8 +150,9 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                                                                        algorithms)))
     nodes, edges, table = decompose(nodes, edges, matched)
     keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "bytes"]
-    return DataflowGraph(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"}).reset_index(drop=True),
-                         edges[EDGE_COLUMNS].reset_index(drop=True),
+    return DataflowGraph(text_as_objects(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
+                                         .reset_index(drop=True)),
+                         text_as_objects(edges[EDGE_COLUMNS].reset_index(drop=True)),
                          step_ns={r: rd.step.step_ns for r, rd in reductions.items()},
                          start_ns={r: starts[r] - first for r in reductions}, steps=common,
                          collectives=table, clock_offsets_ns=clocks,

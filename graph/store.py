@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpro.graph.dataflow import DataflowGraph
+from dpro.graph.dataflow import DataflowGraph, text_as_objects
 from dpro.run_format import write_atomically
 
 __all__ = ["FORMAT_VERSION", "code_version", "file_stamps", "load", "load_graph", "save", "save_graph"]
@@ -94,18 +94,11 @@ def load_graph(folder: Path, key: dict[str, Any]) -> tuple[DataflowGraph, dict[s
     for column in _LIST_COLUMNS:
         if column in collectives:
             collectives[column] = collectives[column].map(lambda values: values.tolist())
-    nodes, edges = (_object_strings(tables.pop(name)) for name in ("nodes", "edges"))
+    nodes, edges = (text_as_objects(tables.pop(name)) for name in ("nodes", "edges"))
     graph = DataflowGraph(nodes, edges, step_ns=_ranks(g["step_ns"], float),
                           start_ns=_ranks(g["start_ns"], float), steps=list(g["steps"]), collectives=collectives,
                           clock_offsets_ns=_ranks(g["clock_offsets_ns"], int), hosts=_ranks(g["hosts"], str))
     return graph, tables
-
-
-def _object_strings(frame: pd.DataFrame) -> pd.DataFrame:
-    """Text columns as Python strings, as the graph holds them when built (Parquet gives Arrow
-    strings, whose conversion to NumPy costs a copy every time)."""
-    text = [c for c in frame if pd.api.types.is_string_dtype(frame[c]) and not isinstance(frame[c].dtype, pd.CategoricalDtype)]
-    return frame.astype({c: object for c in text})
 
 
 def _by_rank(values: dict[int, Any]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,26 @@ def test_version() -> None:
     assert result.returncode == 0 and __version__ in result.stdout
 
 
-@pytest.mark.parametrize("command", [[]] + [[name] for name in main.commands])
+COMMANDS = [[]] + [[name] for name in sorted(main.lazy)] + [["anomaly", name] for name in ("search", "probe", "counters")]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: list[str]) -> None:
     result = dpro(*command, "--help")
     assert result.returncode == 0 and "Usage: dpro" in result.stdout
     assert len(result.stdout.splitlines()) > 3
+
+
+def test_help_imports_only_the_command_line() -> None:
+    code = ("import sys; from dpro.cli import main\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'numpy', 'torch', 'numba', 'distributed')\n"
+            "               or (m.startswith('dpro.') and not m.startswith('dpro.cli') and m != 'dpro.errors'))\n"
+            "print('IMPORTED', heavy)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "IMPORTED []" in result.stdout, result.stdout[-500:]
+    assert "replay" in result.stdout and "diagnose" in result.stdout
 
 
 def test_record_without_a_command(tmp_path: Path) -> None:

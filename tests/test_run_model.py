@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -126,9 +128,16 @@ def test_an_unreachable_scheduler_is_a_one_line_error(fresh_run: Path) -> None:
     assert_one_line_error(dpro("replay", fresh_run, "--scheduler", "tcp://127.0.0.1:9"), "Dask scheduler")
 
 
-def test_no_progress_bar_when_piped(fresh_run: Path) -> None:
-    result = dpro("replay", fresh_run)
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+def test_a_progress_bar_on_a_terminal_and_none_when_piped(fresh_run: Path) -> None:
+    piped = dpro("replay", fresh_run, "--workers", "1")
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    script = shutil.which("script")
+    if script is None:
+        pytest.skip("util-linux `script` is needed for a pseudo-terminal")
+    shutil.rmtree(fresh_run / "derived")
+    command = f"stty cols 100 rows 30; {sys.executable} -m dpro replay {fresh_run} --workers 1"  # a sized terminal
+    on_terminal = subprocess.run([script, "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=300)
+    assert on_terminal.returncode == 0 and "decoding traces" in on_terminal.stdout, on_terminal.stdout[-500:]
 
 
 def test_critical_path_prints_a_summary_and_all_on_request(fresh_run: Path) -> None:

@@ -147,8 +147,9 @@ class RunAnalysis:
                             progress=self.progress, desc="decoding traces")
         return dict(zip(ranks, results))
 
-    def _reductions(self) -> dict[int, RankReduction]:
-        """Every rank's reduction, each typical step made of the steps all ranks profiled."""
+    def reductions(self) -> dict[int, RankReduction]:
+        """The per-rank stage: every rank's reduction (:mod:`dpro.graph.reduction`), each typical
+        step made of the steps all ranks profiled; computed each time it is called."""
         missing = [r for r in self.ranks if self.run.trace_path(r) is None]
         if not self.ranks or missing:
             raise GraphError(f"{self.root}: no trace for rank(s) {missing or 'any'}; "
@@ -177,7 +178,7 @@ class RunAnalysis:
             found = store.load_graph(self._folder, self._key)
             if found is not None:
                 return found
-        reductions = self._reductions()
+        reductions = self.reductions()
         logs = self.run.nccl_logs()
         graph = build_graph(reductions, self.recorded_offsets, align=self.align, bucket_bytes=self.bucket_bytes(),
                             algorithms=nccl_log_algorithms(logs) if logs else None, hosts=self.hosts)
