@@ -40,7 +40,7 @@ from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_tables
 
-__all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces", "text_as_objects"]
+__all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces", "text_as_categories"]
 
 
 class GraphError(DproError):
@@ -83,13 +83,22 @@ class DataflowGraph:
         return g
 
 
-def text_as_objects(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with its text columns as Python strings (object dtype), as the graph holds them:
-    pandas' own string dtypes (what Parquet and new frames give) cost a copy at every
-    ``to_numpy()``, which the replay and its reports do often."""
-    text = [c for c in frame if pd.api.types.is_string_dtype(frame[c]) and frame[c].dtype != object
-            and not isinstance(frame[c].dtype, pd.CategoricalDtype)]
-    return frame.astype({c: object for c in text}) if text else frame
+def text_as_categories(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its text columns as categoricals, as the graph holds them: a few distinct
+    names repeated over millions of rows (a 256-rank graph has over a million nodes) take a code
+    each, and ``to_numpy()`` is a cheap take, not the copy pandas' string dtypes make."""
+    text = [c for c in frame if pd.api.types.is_string_dtype(frame[c]) or frame[c].dtype == object
+            or isinstance(frame[c].dtype, pd.CategoricalDtype)]
+    return frame.assign(**{c: _object_categories(frame[c]) for c in text}) if text else frame
+
+
+def _object_categories(column: pd.Series) -> pd.Categorical:
+    """A text column as a categorical whose categories are Python strings (pandas' own string
+    dtype would make every ``to_numpy()`` a conversion)."""
+    values = column.array if isinstance(column.dtype, pd.CategoricalDtype) else pd.Categorical(column)
+    if values.categories.dtype == object:
+        return values
+    return pd.Categorical.from_codes(values.codes, dtype=pd.CategoricalDtype(pd.Index(values.categories, dtype=object)))
 
 
 def common_steps(steps_by_rank: dict[int, list[int]]) -> list[int]:
@@ -150,9 +159,9 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                                                                        algorithms)))
     nodes, edges, table = decompose(nodes, edges, matched)
     keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "bytes"]
-    return DataflowGraph(text_as_objects(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
+    return DataflowGraph(text_as_categories(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
                                          .reset_index(drop=True)),
-                         text_as_objects(edges[EDGE_COLUMNS].reset_index(drop=True)),
+                         text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),
                          step_ns={r: rd.step.step_ns for r, rd in reductions.items()},
                          start_ns={r: starts[r] - first for r in reductions}, steps=common,
                          collectives=table, clock_offsets_ns=clocks,

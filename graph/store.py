@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpro.graph.dataflow import DataflowGraph, text_as_objects
+from dpro.graph.dataflow import DataflowGraph, text_as_categories
 from dpro.run_format import write_atomically
 
 __all__ = ["FORMAT_VERSION", "code_version", "file_stamps", "load", "load_graph", "save", "save_graph"]
@@ -94,7 +94,7 @@ def load_graph(folder: Path, key: dict[str, Any]) -> tuple[DataflowGraph, dict[s
     for column in _LIST_COLUMNS:
         if column in collectives:
             collectives[column] = collectives[column].map(lambda values: values.tolist())
-    nodes, edges = (text_as_objects(tables.pop(name)) for name in ("nodes", "edges"))
+    nodes, edges = (text_as_categories(tables.pop(name)) for name in ("nodes", "edges"))
     graph = DataflowGraph(nodes, edges, step_ns=_ranks(g["step_ns"], float),
                           start_ns=_ranks(g["start_ns"], float), steps=list(g["steps"]), collectives=collectives,
                           clock_offsets_ns=_ranks(g["clock_offsets_ns"], int), hosts=_ranks(g["hosts"], str))
