@@ -103,7 +103,10 @@ def ddp_layout(ddp: Any) -> dict[str, Any]:
                        for p in bucket.parameters()],
         })
     logging = ddp._get_ddp_logging_data()
+    config = getattr(ddp, "_bucket_config", None)  # recent torch; older releases always capped the first at 1 MiB
+    first = getattr(config, "first_bucket_bytes_cap", None)
     return {"module": type(ddp.module).__name__, "bucket_cap_bytes": ddp.bucket_bytes_cap,
+            "first_bucket_bytes_cap": first if first is not None else 1024 * 1024,
             "find_unused_parameters": ddp.find_unused_parameters,
             "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
             "static_graph": getattr(ddp, "static_graph", False),
