@@ -37,8 +37,18 @@ def _store_address() -> tuple[str, int] | None:
     return None
 
 
-def _key_prefix() -> str:
-    return f"dpro/clock/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+def job_store(topic: str) -> tuple[Any, str] | None:
+    """A connection of dpro's own to the job's TCPStore, its keys under ``dpro/<topic>/<restart>/``
+    (so a restarted job never reads an earlier attempt's), and the store's address; None
+    without a TCPStore behind the default process group."""
+    import torch.distributed as dist
+
+    address = _store_address()
+    if address is None:
+        return None
+    prefix = f"dpro/{topic}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    client = dist.TCPStore(address[0], address[1], is_master=False, timeout=TIMEOUT, wait_for_workers=False)
+    return dist.PrefixStore(prefix, client), f"{address[0]}:{address[1]}"
 
 
 def _serve(store: Any, world_size: int) -> dict[str, Any]:
@@ -72,18 +82,14 @@ def _ping(store: Any, rank: int) -> dict[str, Any]:
 
 def measure_offset(rank: int, world_size: int) -> dict[str, Any]:
     """This rank's clock minus rank 0's, in ns (``local_ns - offset_ns`` is rank 0's time)."""
-    import torch.distributed as dist
-
     if world_size <= 1:
         return {"offset_ns": 0, "reference": True, "method": "single process"}
-    address = _store_address()
-    if address is None:
+    found = job_store("clock")
+    if found is None:
         return {"offset_ns": None, "note": "not measured: no TCPStore behind the default process group"}
-    store = dist.PrefixStore(_key_prefix(), dist.TCPStore(address[0], address[1], is_master=False,
-                                                           timeout=TIMEOUT, wait_for_workers=False))
+    store, address = found
     result = _serve(store, world_size) if rank == 0 else _ping(store, rank)
-    return {**result, "method": "ping-pong through the job's TCPStore",
-            "store": f"{address[0]}:{address[1]}", "measured_ns": time.time_ns()}
+    return {**result, "method": "ping-pong through the job's TCPStore", "store": address, "measured_ns": time.time_ns()}
 
 
 def measure_offset_in_background(rank: int, world_size: int, path: Path,

@@ -30,17 +30,19 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from dpro.run_format import (CLOCK_FILE, ERRORS_FILE, META_FILE, STEPS_COLUMNS, STEPS_FILE, TRACE_FILE,
-                             early_errors_file, rank_dir)
+from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, ERRORS_FILE, META_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS,
+                             STEPS_FILE, TRACE_FILE, early_errors_file, rank_dir, write_json_atomic)
 
 ENV_RUN_DIR = "DPRO_RUN_DIR"
 ENV_SKIP = "DPRO_SKIP"
 ENV_WARMUP = "DPRO_WARMUP"
 ENV_STEPS = "DPRO_STEPS"
+ENV_CALIBRATE = "DPRO_CALIBRATE"  # "0": no calibration (dpro record --no-calibrate)
 
 
 class _Window:
-    """Which steps are profiled: warm-up steps ``[skip, skip+warmup)``, then ``steps`` recorded."""
+    """Which steps are profiled: warm-up steps ``[skip, skip+warmup)``, then ``steps`` recorded,
+    then one step recorded with the ops' input shapes (kept out of the window: shapes cost)."""
 
     def __init__(self, skip: int, warmup: int, steps: int) -> None:
         self.first = skip
@@ -52,7 +54,7 @@ class _Window:
             return "warmup"
         if self.recorded <= step < self.end:
             return "profiled"
-        return ""
+        return "shapes" if step == self.end else ""
 
     def schedule(self, step: int) -> Any:
         from torch.profiler import ProfilerAction
@@ -67,9 +69,11 @@ class _Window:
 class _Recorder:
     """The state of dpro in one process of the job."""
 
-    def __init__(self, run_dir: Path, window: _Window) -> None:
+    def __init__(self, run_dir: Path, window: _Window, calibrate: bool = True) -> None:
         self.run_dir = run_dir
         self.window = window
+        self.calibrate = calibrate
+        self.calibration: dict[str, Any] = {}
         self.lock = threading.RLock()
         self.enabled = True
         self.rank: int | None = None
@@ -80,7 +84,7 @@ class _Recorder:
         self.step_start_ns: int | None = None
         self.step_owner: Any = None  # id() of the optimizer that delimits steps, or "user"
         self.profiler: Any = None
-        self.export_step: int | None = None
+        self.shapes_profiler: Any = None
         self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.previous_sigterm: Any = None
 
@@ -144,51 +148,95 @@ class _Recorder:
             # The job closed dpro's files (and the number now names another file): it may
             # have closed the profiler's too, so dpro stops here rather than start it.
             raise RuntimeError("the job closed or replaced dpro's steps.csv descriptor")
-        phase = "export" if self.step == self.export_step else self.window.phase(self.step)
+        phase = self.window.phase(self.step)
         start = "" if self.step_start_ns is None else str(self.step_start_ns)
         os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())
         self.step += 1
         self.step_start_ns = now
         try:
+            from dpro.collectors import calibration, metadata
+
             if self.step == self.window.first:
+                self.run_calibration("profiler", lambda: calibration.profiler_cost(self.new_profiler))
                 self.start_profiler()
             elif self.profiler is not None:
                 self.profiler.step()
                 if self.step >= self.window.end:
-                    self.profiler = None  # its trace was saved by the transition just made
+                    profiler, self.profiler = self.profiler, None  # its trace was saved by the transition just made
+                    calibration.release(profiler)
                     self.restore_sigterm()
+                    self.run_calibration("collectives", lambda: calibration.collectives(
+                        self.rank, metadata.rank_and_world_size()[1]))
+                    self.shapes_profiler = self.new_profiler(record_shapes=True)
+                    self.shapes_profiler.start()
+            elif self.shapes_profiler is not None:
+                shapes, self.shapes_profiler = self.shapes_profiler, None
+                shapes.stop()
+                self.export(shapes, SHAPES_TRACE_FILE)
+                calibration.release(shapes)
         except Exception as e:  # the profiler failed: keep timing steps without it
-            self.profiler = None
+            self.profiler = self.shapes_profiler = None
             self.restore_sigterm()
             self.log_error(f"torch.profiler at step {self.step}", e)
+        finally:
+            self.step_start_ns = time.time_ns()  # what dpro did here belongs to no step
+
+    def run_calibration(self, part: str, measure: Any) -> None:
+        """Run one part of the calibration (:mod:`dpro.collectors.calibration`) and save what it
+        found; a failure is noted there and logged, and the job goes on."""
+        from dpro.collectors import calibration
+
+        if not self.calibrate:
+            return
+        try:
+            with calibration.quietly():
+                self.calibration[part] = measure()
+        except Exception as e:
+            self.calibration[part] = {"error": f"{type(e).__name__}: {e}"}
+            self.log_error(f"calibrating {part}", e)
+        assert self.rank_dir is not None
+        write_json_atomic(self.rank_dir / CALIBRATION_FILE, self.calibration)
 
     # -- profiler -------------------------------------------------------------------------------
     def start_profiler(self) -> None:
         """Start torch.profiler so that its ``ProfilerStep#n`` is this process's step ``n``."""
-        import torch
-
         self.write_metadata()  # DDP has built its final buckets by now
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        profiler = torch.profiler.profile(activities=activities, schedule=self.window.schedule,
-                                          on_trace_ready=self.save_trace, record_shapes=True)
+        profiler = self.new_profiler(schedule=self.window.schedule, on_trace_ready=self.save_trace)
         profiler.start()
         for _ in range(self.step):  # the schedule says NONE before the window: nothing is recorded
             profiler.step()
         self.profiler = profiler
         self.catch_sigterm()
 
+    def new_profiler(self, **options: Any) -> Any:
+        """A torch.profiler configured as dpro records (not started): CPU and, where present, CUDA
+        activity, no input shapes; ``options`` add the schedule, the trace handler, shapes."""
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        return torch.profiler.profile(**{"activities": activities, "record_shapes": False, **options})
+
     def save_trace(self, profiler: Any) -> None:
+        self.export(profiler, TRACE_FILE)
+
+    def export(self, profiler: Any, name: str) -> None:
+        """Write the profiler's trace as ``name`` in the rank's directory, atomically."""
         assert self.rank_dir is not None
-        path = self.rank_dir / TRACE_FILE
-        tmp = self.rank_dir / f".{os.getpid()}.{TRACE_FILE}"
+        tmp = self.rank_dir / f".{os.getpid()}.{name}"
         profiler.export_chrome_trace(str(tmp))
-        os.replace(tmp, path)
-        self.export_step = self.step
+        os.replace(tmp, self.rank_dir / name)
 
     def close_profiler(self, save: bool) -> None:
-        """Stop a profiler still running (job ending inside the window), saving what it has."""
+        """Stop a profiler still running (job ending inside the window), saving what it has; the
+        shapes step's is stopped and dropped."""
+        shapes, self.shapes_profiler = self.shapes_profiler, None
+        if shapes is not None:
+            try:
+                shapes.stop()
+            except Exception as e:
+                self.log_error("stopping the shapes step's profiler", e)
         profiler, self.profiler = self.profiler, None
         if profiler is None:
             return
@@ -332,7 +380,7 @@ def install() -> None:
     run_dir = Path(os.environ[ENV_RUN_DIR])
     window = _Window(int(os.environ.get(ENV_SKIP, 10)), int(os.environ.get(ENV_WARMUP, 2)),
                      int(os.environ.get(ENV_STEPS, 5)))
-    _recorder = _Recorder(run_dir, window)
+    _recorder = _Recorder(run_dir, window, calibrate=os.environ.get(ENV_CALIBRATE, "1") != "0")
     if "torch" in sys.modules:
         _on_torch_imported(sys.modules["torch"])
     else:

@@ -47,6 +47,7 @@ class RecordOptions:
     join: bool = False
     gpu_interval_s: float = 0.1
     sysfs_root: str | None = None
+    calibrate: bool = True
 
 
 def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
@@ -73,7 +74,7 @@ def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
         else:
             raise RecordError(f"{out} exists and is not empty; use --force to replace it, or --join "
                               f"to add this node to a run being recorded")
-    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps")}
+    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate")}
     return create_manifest(out, new_manifest(command, options, time.time_ns()))
 
 
@@ -84,6 +85,7 @@ def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[s
     env[hooks.ENV_RUN_DIR] = str(opts.output.resolve())
     env[hooks.ENV_SKIP], env[hooks.ENV_WARMUP], env[hooks.ENV_STEPS] = (
         str(opts.skip), str(opts.warmup), str(opts.steps))
+    env[hooks.ENV_CALIBRATE] = "1" if opts.calibrate else "0"
     if opts.sysfs_root:
         env[SYSFS_ROOT_ENV] = opts.sysfs_root
     if "NCCL_DEBUG" in base:

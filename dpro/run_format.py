@@ -12,6 +12,8 @@ This module alone knows where things live in a run directory (see ``docs/run-for
       ranks/<rank>/steps.csv        wall time of every step: step,start_ns,end_ns,phase
       ranks/<rank>/clock.json       offset of this rank's clock against rank 0
       ranks/<rank>/trace.json.gz    torch.profiler (Kineto) trace of the profiled steps
+      ranks/<rank>/trace-shapes.json.gz  one step after the window, profiled with input shapes
+      ranks/<rank>/calibration.json the profiler's cost per event, the job's collectives timed
       ranks/<rank>/errors.log       failures of dpro's hooks in this rank (the job went on)
       nccl/<host>.<pid>.log         NCCL_DEBUG=INFO output, when NCCL is used
       derived/                      caches of the analysis (rebuilt whenever their inputs change)
@@ -43,8 +45,9 @@ MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
 
 # file names inside a rank's and a node's directory
-META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE, ERRORS_FILE = (
-    "meta.json", "steps.csv", "clock.json", "trace.json.gz", "errors.log")
+META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE, ERRORS_FILE, CALIBRATION_FILE = (
+    "meta.json", "steps.csv", "clock.json", "trace.json.gz", "errors.log", "calibration.json")
+SHAPES_TRACE_FILE = "trace-shapes.json.gz"
 NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start.json", "counters-end.json"
 GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
 NCCL_LOG_PATTERN = "%h.%p.log"  # NCCL_DEBUG_FILE: NCCL replaces %h by the host and %p by the pid
@@ -198,10 +201,15 @@ class Run:
         path = self.rank_dir(rank) / CLOCK_FILE
         return int((read_json(path).get("offset_ns") if path.exists() else None) or 0)
 
+    def calibration(self, rank: int) -> dict[str, Any]:
+        """The rank's ``calibration.json`` (``{}`` when it was not calibrated)."""
+        path = self.rank_dir(rank) / CALIBRATION_FILE
+        return read_json(path) if path.exists() else {}
+
     def steps(self, rank: int) -> pd.DataFrame:
         """Every step the rank timed: ``step`` (int64), ``start_ns``, ``end_ns`` (Int64, epoch ns;
         ``start_ns`` is missing for step 0, which begins somewhere in the script's setup),
-        ``dur_ns`` (Int64) and ``phase`` ("", "warmup", "profiled" or "export")."""
+        ``dur_ns`` (Int64) and ``phase`` ("", "warmup", "profiled", "shapes"; "export" in 1.0 runs)."""
         import pandas as pd
 
         path = self.rank_dir(rank) / STEPS_FILE
@@ -246,7 +254,8 @@ class Run:
         """Every file the analysis of the traces reads (its caches are keyed by them)."""
         files = [self.root / MANIFEST]
         for rank in self.ranks:
-            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE)]
+            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE,
+                                                               CALIBRATION_FILE)]
         return [f for f in files + self.nccl_logs() if f.exists()]
 
     def derived_dir(self) -> Path:

@@ -94,7 +94,29 @@ class TokenCNN(nn.Module):
         return self.head(x.transpose(1, 2))
 
 
+class TokenRNN(nn.Module):
+    """An embedding and an LSTM cell stepped over the sequence in Python: many small ops per step,
+    the kind of job a profiler slows down most."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.cell = nn.LSTMCell(hidden, hidden)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok(tokens)
+        h = c = x.new_zeros(x.shape[0], self.cell.hidden_size)
+        outputs = []
+        for t in range(x.shape[1]):
+            h, c = self.cell(x[:, t], (h, c))
+            outputs.append(h)
+        return self.head(torch.stack(outputs, 1))
+
+
 def build_model(args: argparse.Namespace) -> nn.Module:
+    if args.arch == "rnn":
+        return TokenRNN(args.vocab, args.d_model)
     if args.arch == "mlp":
         return TokenMLP(args.vocab, args.seq_len, args.d_model * 8, args.layers)
     if args.arch == "cnn":
@@ -115,7 +137,7 @@ def synthetic_batch(gen: torch.Generator, batch: int, seq_len: int, vocab: int) 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", choices=("gpt", "mlp", "cnn"), default="gpt")
+    p.add_argument("--arch", choices=("gpt", "mlp", "cnn", "rnn"), default="gpt")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)

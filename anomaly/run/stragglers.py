@@ -154,8 +154,9 @@ def slow_transfers(instances: pd.DataFrame, hosts: dict[int, str] | None = None,
 
 def _timed_steps(step_times: pd.DataFrame) -> pd.DataFrame:
     """The steps of :attr:`dpro.analysis.RunAnalysis.step_times` that time the job: the profiler's
-    warm-up and trace export are left out, their time is dpro's own."""
-    return step_times[~step_times["phase"].isin(("warmup", "export"))][["step", "dur_ns", "rank"]].copy()
+    warm-up, the step profiled with shapes (and, in 1.0 runs, the trace's export) are left out:
+    their extra time is dpro's own."""
+    return step_times[~step_times["phase"].isin(("warmup", "shapes", "export"))][["step", "dur_ns", "rank"]].copy()
 
 
 def step_outliers(step_times: pd.DataFrame, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> pd.DataFrame:

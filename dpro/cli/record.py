@@ -43,9 +43,12 @@ def _default_run_name(prefix: str) -> Path:
               help="Seconds between GPU samples (NVML).")
 @click.option("--sysfs-root", type=click.Path(exists=True, file_okay=False),
               help="Read NIC counters from this sysfs tree instead of /sys (also $DPRO_SYSFS_ROOT).")
+@click.option("--no-calibrate", is_flag=True,
+              help="Skip the calibration: the profiler's cost before the window, the job's collectives "
+                   "at several sizes after it (a few seconds).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool, join: bool,
-           gpu_interval: float, sysfs_root: str | None, command: tuple[str, ...]) -> None:
+           gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND and record every rank of the training job it starts.
 
     \b
@@ -62,7 +65,7 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
 
     opts = RecordOptions(output=output or _default_run_name("dpro-run"), skip=skip, warmup=warmup,
                          steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
-                         sysfs_root=sysfs_root)
+                         sysfs_root=sysfs_root, calibrate=not no_calibrate)
     status = record_job(list(command), opts)
     _report_recording(opts.output)
     sys.exit(exit_like(status))

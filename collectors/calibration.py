@@ -1,0 +1,267 @@
+"""Calibration inside the job: what the profiler costs, and what the job's collectives cost.
+
+Run by the hooks of :mod:`dpro.collectors.hooks` at two moments, outside every timed step (the
+next step's timing starts after the calibration):
+
+- **Profiler cost** (:func:`profiler_cost`), just before the profiling window: a span of known
+  work (a few training steps of a tiny model: forward, backward, optimizer) timed without a
+  profiler and with one configured as the window's, on the main thread; the cost per profiler
+  event is the difference over the events the profiler recorded. (The profiler follows other
+  threads only through torch's propagated thread-local state, as in gloo's workers and the
+  autograd engine's device threads; on CPU those carry few events, and their cost is taken
+  to be the main thread's.)
+- **Collectives** (:func:`collectives`), just after the window, in lockstep on every rank (all
+  reach the same step): the job's collectives on its default process group at sizes from
+  4 KiB up (×4, at most 64 MiB), point-to-point sends around the ranks' ring, and the
+  interference between compute and communication (known work alone and while an all-reduce
+  runs, an all-reduce alone and while the main thread computes). Every timed call starts
+  after a one-element all-reduce, so that the ranks enter it together. Sizes stop growing once one call takes
+  longer than :data:`SLOW_CALL_S` on any rank (the ranks agree on it with a one-element
+  all-reduce), so the whole takes a few seconds even on a slow link. Ranks first meet at a
+  barrier of the job's rendezvous store with a timeout, so a rank that cannot calibrate makes
+  the others skip rather than wait.
+
+Every result goes to ``ranks/<rank>/calibration.json`` (:func:`dpro.run_format.Run.calibration`).
+
+Nothing here may change how the job runs afterwards (:func:`quietly`): buffers are never
+filled by torch's ops (a fill of megabytes starts the OpenMP pool, whose spinning threads then
+slowed a job on two cores threefold for the rest of its run), torch runs one intra-op thread
+meanwhile, and the job's random number generators are left as they were.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+SIZES = [4096 * 4 ** k for k in range(9)]  # 4 KiB .. 256 MiB; cut by MAX_BYTES
+MAX_BYTES = 64 * 2 ** 20
+REPEATS = 5
+SLOW_CALL_S = 0.25
+BARRIER_TIMEOUT = timedelta(seconds=20)
+KNOWN_WORK_STEPS = 20  # training steps of a tiny model in one span of known work
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+__all__ = ["collectives", "profiler_cost", "quietly", "release"]
+
+
+@contextmanager
+def quietly() -> Iterator[None]:
+    """Run a calibration without touching the job's state: one intra-op thread, and the random
+    number generators (CPU, and CUDA where present) restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+
+# --- the profiler's cost -----------------------------------------------------------------------
+
+
+def _known_work(torch: Any) -> Callable[[], None]:
+    """A span of training steps of a tiny model: the kinds of ops a job runs (linear layers,
+    activations, a norm, autograd, an optimizer), each a few profiler events."""
+    generator = torch.Generator().manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32))
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x = torch.randn(16, 32, generator=generator)
+
+    def work() -> None:
+        for _ in range(KNOWN_WORK_STEPS):
+            loss = net(x).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    return work
+
+
+SPANS = 9  # spans of known work timed, the median kept
+ROUNDS = 5  # rounds of spans without, then with the profiler
+
+
+def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[], int] = time.thread_time_ns) -> float:
+    """The median time of ``work`` over ``repeats`` runs, by ``clock`` (default: this thread's CPU
+    time, which the other processes sharing the cores do not disturb)."""
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        work()
+        times.append(clock() - start)
+    return float(statistics.median(times))
+
+
+def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dict[str, Any]:
+    """Cost per profiler event on the main thread: ``{"main": {"per_event_ns", "events",
+    "span_ns", "profiled_span_ns", "rounds_ns"}}`` (events: per span of known work; span: its
+    median CPU time without and with the profiler; rounds: each round's estimate, the median of
+    which is kept). ``make_profiler`` builds a profiler configured as the window's (not started)."""
+    import torch
+
+    work = _known_work(torch)
+    work()  # warm up the ops' code paths
+    plain, profiled, estimates, events = [_span_ns(work)], [], [], 1.0
+    for _ in range(rounds):
+        profiler = make_profiler()
+        profiler.start()
+        try:
+            profiled.append(_span_ns(work))
+        finally:
+            profiler.stop()
+        plain.append(_span_ns(work))
+        events = max(len(profiler.events()), 1) / SPANS  # only the spans ran ops meanwhile
+        release(profiler)
+        # the plain spans just before and after: a drift of the machine cancels
+        estimates.append((profiled[-1] - (plain[-2] + plain[-1]) / 2) / events)
+    return {"main": {"per_event_ns": max(0.0, float(statistics.median(estimates))), "events": round(events),
+                     "span_ns": float(statistics.median(plain)), "profiled_span_ns": float(statistics.median(profiled)),
+                     "rounds_ns": estimates}}
+
+
+def release(profiler: Any) -> None:
+    """Free a stopped profiler's results now. Left to the garbage collector (they sit in
+    reference cycles), results of an earlier session freed after a later session ran crash
+    the process in Kineto (``MemoryTraceLogger::~MemoryTraceLogger``, torch 2.13)."""
+    import gc
+
+    inner = vars(profiler).get("profiler")  # torch.autograd.profiler.profile, holding the results
+    if inner is not None:
+        for name in ("kineto_results", "_function_events", "_old_function_events"):
+            if name in vars(inner):
+                setattr(inner, name, None)
+        profiler.profiler = None
+    gc.collect()
+
+
+# --- collectives -----------------------------------------------------------------------------
+
+
+def collectives(rank: int, world_size: int) -> dict[str, Any]:
+    """Time the job's collectives on its default process group (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    from dpro.collectors.clock import job_store
+
+    found = job_store("calibration")
+    if found is None:
+        return {"skipped": "no rendezvous store to meet at"}
+    store, _ = found
+    store.set(f"ready/{rank}", "1")
+    try:
+        store.wait([f"ready/{r}" for r in range(world_size)], BARRIER_TIMEOUT)
+    except Exception as e:  # a rank that will not come: nobody calibrates, nobody waits
+        return {"skipped": f"not every rank reached the calibration ({type(e).__name__})"}
+    group_size = dist.get_world_size()
+    rows, p2p, notes = [], [], []
+    for coll in COLLECTIVES:
+        run = _collective(torch, dist, coll, group_size)
+        try:
+            rows += _sweep(torch, dist, lambda nbytes: run(nbytes), {"coll": coll, "group_size": group_size})
+        except Exception as e:  # the backend may not offer it (reduce_scatter on old gloo)
+            notes.append(f"{coll}: {type(e).__name__}: {e}".splitlines()[0][:200])
+    if group_size > 1:
+        p2p = _sweep(torch, dist, lambda nbytes: _ring_send(torch, dist, rank, group_size, nbytes),
+                     {"src": rank, "dst": (rank + 1) % group_size})
+    return {"collectives": rows, "p2p": p2p, "interference": _interference(torch, dist, rows), "notes": notes}
+
+
+def _sweep(torch: Any, dist: Any, call: Callable[[int], None], facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """``call(nbytes)`` timed at growing sizes: each size once, then :data:`REPEATS` times in
+    all unless that first call took over :data:`SLOW_CALL_S` on some rank, where the sweep ends."""
+    rows = []
+    for nbytes in (n for n in SIZES if n <= MAX_BYTES):
+        times = _timed(lambda: call(nbytes), 1, lambda: _together(torch, dist))
+        slow = _slowest(torch, dist, times[0]) > SLOW_CALL_S * 1e9
+        if not slow:
+            times += _timed(lambda: call(nbytes), REPEATS - 1, lambda: _together(torch, dist))
+        rows.append({**facts, "bytes": nbytes, "times_ns": times})
+        if slow:
+            break
+    return rows
+
+
+def _collective(torch: Any, dist: Any, coll: str, n: int) -> Callable[[int], None]:
+    """A function that runs ``coll`` of about ``nbytes`` in all (float32)."""
+    def run(nbytes: int) -> None:
+        numel = max(nbytes // 4, n)
+        if coll == "all_reduce":
+            dist.all_reduce(torch.empty(numel))
+        elif coll == "broadcast":
+            dist.broadcast(torch.empty(numel), src=0)
+        elif coll == "all_gather":
+            part = torch.empty(numel // n)
+            dist.all_gather_into_tensor(torch.empty(part.numel() * n), part)
+        else:
+            whole = torch.empty(numel // n * n)
+            dist.reduce_scatter_tensor(torch.empty(whole.numel() // n), whole)
+
+    return run
+
+
+def _ring_send(torch: Any, dist: Any, rank: int, n: int, nbytes: int) -> None:
+    """Send ``nbytes`` to the next rank while receiving as much from the previous."""
+    out, into = torch.empty(nbytes // 4), torch.empty(nbytes // 4)
+    sent = dist.isend(out, (rank + 1) % n)
+    dist.recv(into, (rank - 1) % n)
+    sent.wait()
+
+
+def _timed(call: Callable[[], None], repeats: int, before: Callable[[], None] = lambda: None) -> list[int]:
+    """``call``'s time, ``repeats`` times, each after ``before``."""
+    times = []
+    for _ in range(repeats):
+        before()
+        start = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - start)
+    return times
+
+
+def _together(torch: Any, dist: Any) -> None:
+    """A one-element all-reduce: every rank leaves it at about the same time."""
+    dist.all_reduce(torch.zeros(1))
+
+
+def _slowest(torch: Any, dist: Any, ns: int) -> float:
+    """The largest of every rank's ``ns`` (so that all ranks stop growing sizes together)."""
+    value = torch.tensor([float(ns)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spans of known work alone and while an all-reduce runs; the all-reduce alone and while
+    the main thread computes (the largest one calibrated under :data:`SLOW_CALL_S`, so that the
+    spans fill it)."""
+    sizes = [r["bytes"] for r in rows if r["coll"] == "all_reduce" and max(r["times_ns"]) < SLOW_CALL_S * 1e9]
+    if not sizes:
+        return {}
+    nbytes = max(sizes)
+    work = _known_work(torch)
+    work()
+    compute_alone = _span_ns(work, clock=time.perf_counter_ns)
+    _together(torch, dist)
+    comm_alone = _timed(lambda: dist.all_reduce(torch.empty(nbytes // 4)), 1)[0]
+    _together(torch, dist)
+    start = time.perf_counter_ns()
+    pending = dist.all_reduce(torch.empty(nbytes // 4), async_op=True)
+    spans = []
+    while not pending.is_completed():
+        began = time.perf_counter_ns()
+        work()
+        spans.append(time.perf_counter_ns() - began)
+    pending.wait()
+    comm_beside = time.perf_counter_ns() - start
+    return {"bytes": nbytes, "compute_alone_ns": compute_alone,
+            "compute_beside_comm_ns": float(statistics.median(spans)) if spans else compute_alone,
+            "spans_beside_comm": len(spans), "comm_alone_ns": comm_alone, "comm_beside_compute_ns": comm_beside}
