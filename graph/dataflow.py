@@ -12,8 +12,8 @@ GPU stream, and the sends of the collectives. Every edge ``u -> v`` carries a la
 - collectives matched across ranks by order of issue and decomposed into the sends of their
   algorithm (:mod:`dpro.graph.decompose`): arrivals, sends on links, each rank's end.
 
-Durations and gaps are means over the profiled steps whose op sequence is the same (their sum
-is the mean step), so the graph describes a typical step (:mod:`dpro.graph.typical`). The graph
+Durations and gaps are medians over the profiled steps whose op sequence is the same, so the
+graph describes a typical step (:mod:`dpro.graph.typical`). The graph
 is built from per-rank reductions (:mod:`dpro.graph.reduction`), never from the events
 themselves. Ranks are aligned with the clock offsets recorded by ``dpro record``, refined with
 the collectives (:mod:`dpro.graph.alignment`; ``align=False`` ignores both, to measure what
@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from dpro.errors import DproError
@@ -55,12 +56,16 @@ class DataflowGraph:
     ``collective`` for a rank's end of a matched collective), ``resource`` (``"r0/cpu/1234"``,
     ``"r0/gpu/7"``, ``"link/0->1"``), ``name``, ``dur_ns``, ``offset_ns`` (typical start relative
     to the earliest rank's step start), ``coll`` (collective name), ``bytes`` (of a send or a
-    collective, NaN if unknown). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind`` (``order``,
-    ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``). ``step_ns``:
-    measured mean step time per rank; ``start_ns``: when each rank's step starts, relative to
-    the earliest; ``collectives``: the matched collectives
-    (:func:`dpro.graph.decompose.decompose`); ``clock_offsets_ns``: the offsets applied;
-    ``hosts``: rank -> host.
+    collective, NaN if unknown), ``events`` (profiler events a CPU node spans: itself and the
+    calls nested in it; 0 elsewhere). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``
+    (``order``, ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``).
+    ``wraps``: ``src``, ``dst``, ``lag_ns``: from the last op of each thread or stream to its
+    first op, with the gap measured between consecutive profiled steps (one step to the next;
+    see :mod:`dpro.graph.typical`). ``step_ns``: the profiled window's median step time per rank
+    (what was measured, for comparison only: the replay never reads it); ``start_ns``: when
+    each rank's step starts, relative to the earliest; ``collectives``: the matched
+    collectives (:func:`dpro.graph.decompose.decompose`); ``clock_offsets_ns``: the offsets
+    applied; ``hosts``: rank -> host.
     """
 
     nodes: pd.DataFrame
@@ -71,6 +76,9 @@ class DataflowGraph:
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
     clock_offsets_ns: dict[int, int] = field(default_factory=dict)
     hosts: dict[int, str] = field(default_factory=dict)
+    wraps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"src": pd.Series(dtype="int64"),
+                                                                      "dst": pd.Series(dtype="int64"),
+                                                                      "lag_ns": pd.Series(dtype="float64")}))
 
     def to_networkx(self) -> Any:
         """The graph as a ``networkx.DiGraph`` (node and edge attributes from the tables)."""
@@ -119,7 +127,8 @@ def graph_from_traces(traces: dict[int, TraceTables], **options: Any) -> Dataflo
 def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | None = None,
                 align: bool = True, bucket_bytes: list[int] | None = None,
                 algorithms: dict[tuple[str, int], str] | None = None,
-                hosts: dict[int, str] | None = None) -> DataflowGraph:
+                hosts: dict[int, str] | None = None,
+                profiler_ns: dict[int, dict[str, float]] | None = None) -> DataflowGraph:
     """The global dataflow graph of the ranks' typical steps, which must be made of the same
     steps (:func:`common_steps`).
 
@@ -141,10 +150,13 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                                 clocks)
     starts = {r: rd.step.start_ns - clocks[r] for r, rd in reductions.items()}
     first = min(starts.values())
-    frames, edge_frames, base = [], [], 0
+    frames, edge_frames, wrap_frames, base = [], [], [], 0
     for r, rd in sorted(reductions.items()):
         n = rd.step.nodes.assign(rank=r, resource=f"r{r}/" + rd.step.nodes["resource"])
         n["offset_ns"] = n["offset_ns"] + (starts[r] - first)
+        wrap_frames.append(_wraps(rd.step.nodes, rd.step.wrap_gaps, base))
+        if profiler_ns and r in profiler_ns:
+            n["dur_ns"] = _without_profiler(rd.step.nodes, profiler_ns[r])
         frames.append(n)
         edge_frames.append(rd.step.edges.assign(src=rd.step.edges["src"] + base, dst=rd.step.edges["dst"] + base))
         base += len(n)
@@ -158,14 +170,35 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
         matched.append(Matched(coll, int(k), ids, *_size_and_algorithm(nodes, coll, int(k), ids, bucket_bytes,
                                                                        algorithms)))
     nodes, edges, table = decompose(nodes, edges, matched)
-    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "bytes"]
+    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "bytes", "events"]
     return DataflowGraph(text_as_categories(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
                                          .reset_index(drop=True)),
                          text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),
                          step_ns={r: rd.step.step_ns for r, rd in reductions.items()},
                          start_ns={r: starts[r] - first for r in reductions}, steps=common,
                          collectives=table, clock_offsets_ns=clocks,
-                         hosts=dict(hosts) if hosts else {r: "" for r in reductions})
+                         hosts=dict(hosts) if hosts else {r: "" for r in reductions},
+                         wraps=pd.concat(wrap_frames, ignore_index=True))
+
+
+def _wraps(nodes: pd.DataFrame, gaps: dict[str, float], base: int) -> pd.DataFrame:
+    """One rank's wraps: per queue with a measured gap, from its op that ends last to its op
+    that starts first (ties: the earlier node), node ids shifted by ``base``."""
+    queues = nodes[nodes["kind"].isin(("cpu", "gpu")) & nodes["resource"].isin(list(gaps))]
+    ends = queues["offset_ns"] + queues["dur_ns"]
+    tail = ends.groupby(queues["resource"], sort=False).idxmax()
+    head = queues["offset_ns"].groupby(queues["resource"], sort=False).idxmin()
+    return pd.DataFrame({"src": tail.to_numpy(np.int64) + base, "dst": head[tail.index].to_numpy(np.int64) + base,
+                         "lag_ns": [gaps[r] for r in tail.index]})
+
+
+def _without_profiler(nodes: pd.DataFrame, per_event_ns: dict[str, float]) -> np.ndarray:
+    """The nodes' durations less what the profiler cost for the events they span: the main
+    thread's cost on the CPU thread with the most events, the other threads' elsewhere."""
+    cpu = nodes["kind"] == "cpu"
+    main = nodes[cpu].groupby("resource")["events"].sum().idxmax() if cpu.any() else None
+    cost = np.where(nodes["resource"] == main, per_event_ns.get("main", 0.0), per_event_ns.get("other", 0.0))
+    return np.maximum(nodes["dur_ns"].to_numpy(np.float64) - cost * nodes["events"].to_numpy(np.float64), 0.0)
 
 
 def _size_and_algorithm(nodes: pd.DataFrame, coll: str, k: int, ids: dict[int, int], bucket_bytes: list[int] | None,

@@ -12,7 +12,7 @@ An entry is read back only when its key equals the one asked for: the store's
 options, and the size and modification time of every input (:func:`file_stamps`). The key
 file is removed first and written last, so an entry whose writing was cut short is rebuilt.
 A :class:`~dpro.graph.dataflow.DataflowGraph` is stored by :func:`save_graph` as the entry
-``graph`` (tables ``nodes``, ``edges``, ``collectives`` and any others given).
+``graph`` (tables ``nodes``, ``edges``, ``wraps``, ``collectives`` and any others given).
 
     >>> save_graph(folder, key, graph, {"instances": frame})             # doctest: +SKIP
     >>> graph, tables = load_graph(folder, key)                          # doctest: +SKIP
@@ -79,7 +79,8 @@ def load(folder: Path, entry: str, key: dict[str, Any]) -> tuple[dict[str, pd.Da
 
 def save_graph(folder: Path, key: dict[str, Any], graph: DataflowGraph, tables: dict[str, pd.DataFrame]) -> None:
     """Store ``graph`` with further ``tables`` as the entry ``graph``."""
-    save(folder, _GRAPH, key, {"nodes": graph.nodes, "edges": graph.edges, "collectives": graph.collectives, **tables},
+    save(folder, _GRAPH, key, {"nodes": graph.nodes, "edges": graph.edges, "wraps": graph.wraps,
+                               "collectives": graph.collectives, **tables},
          {"step_ns": _by_rank(graph.step_ns), "start_ns": _by_rank(graph.start_ns), "steps": graph.steps,
           "clock_offsets_ns": _by_rank(graph.clock_offsets_ns), "hosts": _by_rank(graph.hosts)})
 
@@ -97,7 +98,8 @@ def load_graph(folder: Path, key: dict[str, Any]) -> tuple[DataflowGraph, dict[s
     nodes, edges = (text_as_categories(tables.pop(name)) for name in ("nodes", "edges"))
     graph = DataflowGraph(nodes, edges, step_ns=_ranks(g["step_ns"], float),
                           start_ns=_ranks(g["start_ns"], float), steps=list(g["steps"]), collectives=collectives,
-                          clock_offsets_ns=_ranks(g["clock_offsets_ns"], int), hosts=_ranks(g["hosts"], str))
+                          clock_offsets_ns=_ranks(g["clock_offsets_ns"], int), hosts=_ranks(g["hosts"], str),
+                          wraps=tables.pop("wraps"))
     return graph, tables
 
 

@@ -1,11 +1,11 @@
-"""One rank's typical step: its top-level ops, kernels and edges, as means over its profiled steps.
+"""One rank's typical step: its top-level ops, kernels and edges, as medians over its profiled steps.
 
 The profiled steps of a rank are cut into nodes (the top-level ops of each CPU thread, the
 kernels, copies and memsets of each GPU stream) and the calls that carry dependencies
 (launches, syncs, collective enqueues). The steps whose sequence of nodes is the most common
 (the fuller one among ties) give the typical step: the first of them is its template, and each
-node's duration and start (``offset_ns``, from the step's start) are the means over them, so
-that their sum is the mean step. Edges within the rank (see :mod:`dpro.graph.dataflow`) are
+node's duration and start (``offset_ns``, from the step's start) are the medians over them
+(robust to a step the shared machine slowed). Edges within the rank (see :mod:`dpro.graph.dataflow`) are
 measured in the template's own step. The rank's collective instances are numbered as
 :mod:`dpro.graph.matching` matches them.
 """
@@ -24,15 +24,17 @@ from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_F
 
 __all__ = ["NODE_COLUMNS", "RankStep", "typical_step"]
 
-NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "occurrence", "nbytes"]
+NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "occurrence", "nbytes",
+                "events"]
 
 
 @dataclass
 class RankStep:
     """One rank's typical step: ``nodes`` (:data:`NODE_COLUMNS`: ``occurrence`` numbers the
     collective instances, -1 elsewhere; ``nbytes`` their sizes), ``edges`` within the rank
-    (``src``, ``dst``, ``lag_ns``, ``kind``, over node positions), the mean ``step_ns``, when the
-    typical step starts (``start_ns``, the rank's clock) and the ``steps`` it is made of."""
+    (``src``, ``dst``, ``lag_ns``, ``kind``, over node positions), the median ``step_ns``, when the
+    typical step starts (``start_ns``, the rank's clock), the ``steps`` it is made of, and per
+    queue the measured gap from one step's last op to the next step's first (``wrap_gaps``)."""
 
     rank: int
     nodes: pd.DataFrame
@@ -40,6 +42,7 @@ class RankStep:
     step_ns: float
     start_ns: int
     steps: list[int] = field(default_factory=list)
+    wrap_gaps: dict[str, float] = field(default_factory=dict)
 
 
 def _top_level(events: pd.DataFrame) -> np.ndarray:
@@ -86,8 +89,9 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
 def _signature(nodes: pd.DataFrame) -> tuple:
     return tuple(zip(nodes["resource"], nodes["name"].astype(str)))
 
+
 def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd.DataFrame) -> RankStep:
-    """One rank's typical step over ``steps``: means over the steps that share a structure.
+    """One rank's typical step over ``steps``: medians over the steps that share a structure.
 
     ``instances``: the rank's collective instances (:func:`dpro.graph.matching.rank_instances`),
     which give the template's collectives their sizes.
@@ -105,18 +109,49 @@ def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd
     chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
     template_step, template, inner = chosen[0]
     template["measured_end_ns"] = template["start_ns"] + template["dur_ns"]  # in the template's own step
-    for column in ("dur_ns", "offset_ns"):
-        template[column] = np.mean(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
+    for column in ("dur_ns", "offset_ns"):  # medians: a step slowed by the machine's noise moves none
+        template[column] = np.median(np.stack([n[column].to_numpy() for _, n, _ in chosen]), axis=0)
     step_durations = [windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"] for s, _, _ in chosen]
-    step_ns = float(np.mean(step_durations))  # contiguous steps: the window's span over their count
+    step_ns = float(np.median(step_durations))
     _mark_instances(template, kernels, instances[instances["step"] == template_step])
+    template["events"] = _events_inside(template, inner)
     edges = _rank_edges(template, inner, kernels)
     # Where the typical step starts: the mean over every step used by any rank, so that the
     # ranks' starts compare even when each rank's typical steps are a different subset.
     starts = windows.loc[steps, "start_ns"].to_numpy(np.int64)
     return RankStep(rank, template[NODE_COLUMNS].reset_index(drop=True),
                     pd.DataFrame(edges, columns=["src", "dst", "lag_ns", "kind"]).astype({"lag_ns": "int64"}), step_ns,
-                    start_ns=int(starts[0] + np.mean(starts - starts[0])), steps=list(steps))
+                    start_ns=int(starts[0] + np.mean(starts - starts[0])), steps=list(steps),
+                    wrap_gaps=_wrap_gaps(per_step, template, windows.loc[template_step, "end_ns"] - windows.loc[
+                        template_step, "start_ns"]))
+
+
+def _events_inside(nodes: pd.DataFrame, inner: pd.DataFrame) -> np.ndarray:
+    """Per node, the profiler events it spans on the CPU: itself and the calls nested in it (each
+    paid the profiler's per-event cost inside the node's measured time); 0 on a GPU."""
+    nested = inner.loc[inner["key"].isna(), "parent_key"].value_counts()  # top-level calls carry their own key
+    return np.where(nodes["kind"] == "cpu", 1 + nodes["key"].map(nested).fillna(0).to_numpy(np.int64), 0)
+
+
+def _wrap_gaps(per_step: list[tuple[int, pd.DataFrame, pd.DataFrame]], template: pd.DataFrame,
+               template_step_ns: float) -> dict[str, float]:
+    """Per queue (thread or stream), the time from its last op in one step to its first op in
+    the next, measured across consecutive profiled steps (the median over the pairs): data
+    loading, Python and the optimizer's tail between steps, never the step's period. With a
+    single profiled step, what the template leaves before its first and after its last op."""
+    gaps: dict[str, list[float]] = {}
+    for (s0, n0, _), (s1, n1, _) in zip(per_step, per_step[1:]):
+        if s1 != s0 + 1:
+            continue
+        ends = (n0["start_ns"] + n0["dur_ns"]).groupby(n0["resource"]).max()
+        starts = n1["start_ns"].groupby(n1["resource"]).min()
+        for resource in ends.index.intersection(starts.index):
+            gaps.setdefault(resource, []).append(float(starts[resource] - ends[resource]))
+    if gaps:
+        return {r: float(np.median(g)) for r, g in gaps.items()}
+    ends = (template["offset_ns"] + template["dur_ns"]).groupby(template["resource"]).max()
+    return {r: float(template_step_ns - end + template.loc[template["resource"] == r, "offset_ns"].min())
+            for r, end in ends.items()}
 
 
 def _mark_instances(nodes: pd.DataFrame, kernels: bool, instances: pd.DataFrame) -> None:

@@ -16,17 +16,30 @@ from dpro.replayer.cost import fit_link_model
 from dpro.replayer.result import Replay
 
 
-def comparison(graph: DataflowGraph, result: Replay) -> dict[str, Any]:
-    """Measured and predicted step time per rank and for the job (the mean over ranks); each
-    rank's critical-path breakdown; the collectives (algorithm, size, transfer and waiting);
-    the fitted link model."""
-    per_rank = [{"rank": r, "measured_step_ms": graph.step_ns[r] / 1e6,
-                 "predicted_step_ms": result.step_ns[r] / 1e6,
-                 "error_pct": 100 * (result.step_ns[r] / graph.step_ns[r] - 1)} for r in sorted(graph.step_ns)]
-    measured = float(np.mean([r["measured_step_ms"] for r in per_rank]))
-    predicted = float(np.mean([r["predicted_step_ms"] for r in per_rank]))
-    return {"measured_step_ms": measured, "predicted_step_ms": predicted,
-            "error_pct": 100 * (predicted / measured - 1), "steps": graph.steps,
+def comparison(graph: DataflowGraph, result: Replay, measured_ns: dict[int, float],
+               profiled_ns: dict[int, float]) -> dict[str, Any]:
+    """Predicted step time per rank and for the job (the mean over ranks) against the measured
+    one, ``measured_ns``: the median of the steps outside the profiling window, the steps users
+    run; beside it the profiled window's median (``profiled_ns``) and its slow-down. Each rank's
+    critical-path breakdown; the collectives (algorithm, size, transfer and waiting); the link
+    model fitted on the recorded collectives."""
+    def ms(ns: float) -> float | None:
+        return None if ns != ns else ns / 1e6
+
+    def error(predicted: float, measured: float) -> float | None:
+        return None if measured != measured else 100 * (predicted / measured - 1)
+
+    ranks = sorted(graph.step_ns)
+    per_rank = [{"rank": r, "measured_step_ms": ms(measured_ns[r]), "predicted_step_ms": result.step_ns[r] / 1e6,
+                 "error_pct": error(result.step_ns[r], measured_ns[r]), "profiled_step_ms": ms(profiled_ns[r]),
+                 "profiler_slowdown": None if measured_ns[r] != measured_ns[r] else profiled_ns[r] / measured_ns[r]}
+                for r in ranks]
+    measured = float(np.mean([measured_ns[r] for r in ranks]))
+    predicted = float(np.mean([result.step_ns[r] for r in ranks]))
+    profiled = float(np.mean([profiled_ns[r] for r in ranks]))
+    return {"measured_step_ms": ms(measured), "predicted_step_ms": predicted / 1e6,
+            "error_pct": error(predicted, measured), "profiled_step_ms": ms(profiled),
+            "profiler_slowdown": None if measured != measured else profiled / measured, "steps": graph.steps,
             "nodes": len(graph.nodes), "edges": len(graph.edges), "per_rank": per_rank,
             "breakdown": [breakdown(graph, result, r) for r in sorted(graph.step_ns)],
             "collectives": collectives(graph),

@@ -13,7 +13,6 @@ collective goes on when its last rank arrives. Times are longest paths, computed
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from dpro.graph.dataflow import DataflowGraph
 
@@ -32,7 +31,9 @@ def replay(graph: DataflowGraph, durations: np.ndarray | None = None, copies: in
     next (the first op of a copy follows the last op of the previous one after the measured
     gap, never overlapping it), so GPU work that runs into the next step and skew between ranks
     carry over as in a running job. A rank's predicted step time is the time between the starts
-    of its first op in the last two copies; the timeline returned is the last copy's.
+    of its first op in the last two copies (with one copy, from its first op's start to its
+    last op's end); the timeline returned is the last copy's. The recorded step time is never
+    an input.
 
     If the ranks are identical (``symmetric``, see :mod:`dpro.replayer.symmetry`), one rank and
     the collectives are replayed and the result is mapped to every rank: exact, with a graph as
@@ -91,8 +92,9 @@ def _result(graph: DataflowGraph, start: np.ndarray, end: np.ndarray, cause: np.
     """The :class:`Replay` of unrolled times (``copies × nodes``) and last-copy causes."""
     nodes = graph.nodes
     first = _first_nodes(nodes["rank"].to_numpy(np.int64), nodes["offset_ns"].to_numpy(np.float64))
-    step_ns = {r: float(start[-1, first[r]] - start[-2, first[r]]) if copies > 1 else graph.step_ns[r]
-               for r in sorted(graph.step_ns)}
+    ranks = nodes["rank"].to_numpy(np.int64)
+    step_ns = {r: float(start[-1, first[r]] - start[-2, first[r]]) if copies > 1
+               else float(end[-1, ranks == r].max() - start[-1, first[r]]) for r in sorted(graph.step_ns)}
     path = trace_back(int(np.argmax(end[-1])), cause, graph.edges["src"].to_numpy(np.int64))
     return Replay(start[-1], end[-1], step_ns, path.tolist(), cause)
 
@@ -140,29 +142,23 @@ class _Unrolled:
 
 
 def _wraps(graph: DataflowGraph, offset: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Edges from the last op of each thread or stream to its first op in the next step.
+    """The graph's wraps (from the last op of each thread or stream to its first op in the next
+    step), each lag cut to what the queue really needs between steps.
 
-    The lag is the measured gap across the step boundary (one step later, the first op starts
-    again), never negative (a queue does not run two ops at once), and, as for program order
-    within the step, without the time the queue sat idle waiting for the first op's other
-    inputs (a communication thread waits for the next step's first collective to be issued).
-    Queues are the CPU threads and GPU streams (links and collectives' ends are not). The first
-    op is the one that starts first, the last the one that ends last (ties: the earlier node);
-    one wrap per queue, in order of the queues' first node.
+    The measured gap (``graph.wraps``) is never negative in the replay (a queue does not run two
+    ops at once), and, as for program order within the step, loses the time the queue sat idle
+    waiting for the first op's other inputs (a communication thread waits for the next step's
+    first collective to be issued): in the first op's step, the last op ended ``gap`` before it
+    started; if its other inputs came later, only the latency after them is kept.
     """
-    nodes, edges = graph.nodes, graph.edges
-    ranks = nodes["rank"].to_numpy(np.int64)
-    resource = pd.factorize(nodes["resource"], sort=False)[0]  # numbered by first node
-    ids = np.flatnonzero((ranks >= 0) & nodes["kind"].isin(("cpu", "gpu")).to_numpy())
-    head = ids[group_argmin(resource[ids], offset[ids])]
-    tail = ids[group_argmin(resource[ids], -(offset[ids] + dur[ids]))]
-    period = pd.Series(graph.step_ns, dtype=np.float64).reindex(ranks[head]).to_numpy()
-    tail_end = offset[tail] + dur[tail] - period  # in the head's step
-    lag = np.maximum(0.0, offset[head] - tail_end)
+    wraps, edges = graph.wraps, graph.edges
+    tail, head = wraps["src"].to_numpy(np.int64), wraps["dst"].to_numpy(np.int64)
+    gap = wraps["lag_ns"].to_numpy(np.float64)
+    lag = np.maximum(0.0, gap)
     e_src, e_dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
     ready = np.full(len(offset), -np.inf)
     np.maximum.at(ready, e_dst, offset[e_src] + dur[e_src] + edges["lag_ns"].to_numpy(np.float64))
-    idle = ready[head] > tail_end
+    idle = ready[head] > offset[head] - gap
     lag[idle] = np.minimum(lag[idle], np.maximum(0.0, offset[head][idle] - ready[head][idle]))
     return tail, head, lag
 

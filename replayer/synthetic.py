@@ -149,5 +149,12 @@ def data_parallel_graph(job: DataParallelJob) -> DataflowGraph:
     })
     edges = pd.DataFrame({"src": src, "dst": dst, "lag_ns": np.tile(t.lag, n),
                           "kind": pd.Categorical.from_codes(np.tile(t.kind, n), EDGE_KINDS)})
+    # Between steps each queue waits until the next step's schedule reaches its first op: the
+    # job's steps follow one another every ``period``.
+    queues = np.arange(len(RESOURCES))
+    head = np.array([np.flatnonzero(t.resource == q)[np.argmin(start[:k][t.resource == q])] for q in queues])
+    tail = np.array([np.flatnonzero(t.resource == q)[np.argmax(end[:k][t.resource == q])] for q in queues])
+    gap = start[head] + period - end[tail]
+    wraps = pd.DataFrame({"src": (tail + rank_base).ravel(), "dst": (head + rank_base).ravel(), "lag_ns": np.tile(gap, n)})
     return DataflowGraph(nodes, edges, step_ns=dict.fromkeys(range(n), period),
-                         start_ns=dict.fromkeys(range(n), 0.0), steps=[])
+                         start_ns=dict.fromkeys(range(n), 0.0), steps=[], wraps=wraps)

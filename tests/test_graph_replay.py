@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -92,6 +93,12 @@ def test_replay_predicts_the_recorded_step_time(run_graph: DataflowGraph) -> Non
     slower = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["kind"] == "transfer", 10, 1)
     assert np.mean(list(replay(run_graph, durations=slower).step_ns.values())) > predicted * 1.02, \
         "ten times slower collectives make a slower step"
+
+
+def test_the_recorded_period_is_no_input_of_a_recorded_graphs_replay(run_graph: DataflowGraph) -> None:
+    slower = dataclasses.replace(run_graph, step_ns={r: 1.3 * t for r, t in run_graph.step_ns.items()})
+    assert replay(slower).step_ns == replay(run_graph).step_ns
+    assert replay(slower, symmetric=False).step_ns == replay(run_graph, symmetric=False).step_ns
 
 
 def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ synthetic data-parallel job (behaviour, not timing: benchmarks/replay_speed.py t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import networkx as nx
 import numpy as np
@@ -68,17 +69,18 @@ def two_thread_graph() -> DataflowGraph:
                           "offset_ns": [15.0, 0.0, 12.0, 65.0, 24.0], "coll": [None] * 5})
     edges = pd.DataFrame({"src": [1, 2, 1, 2, 0], "dst": [2, 4, 0, 3, 3], "lag_ns": [2, 2, -5, -5, 0],
                           "kind": ["order", "order", "launch", "launch", "order"]})
-    return DataflowGraph(nodes, edges, step_ns={0: 100.0}, start_ns={0: 0.0})
+    # measured between steps: the stream's last op (d, ending at 95) to its first (a) in the next
+    # step 20 ns later; the CPU thread's (e, ending at 29) to its first (b) 71 ns later
+    wraps = pd.DataFrame({"src": [3, 4], "dst": [0, 1], "lag_ns": [20.0, 71.0]})
+    return DataflowGraph(nodes, edges, step_ns={0: 100.0}, start_ns={0: 0.0}, wraps=wraps)
 
 
 def test_wraps_join_each_queue_to_its_next_step() -> None:
     graph = two_thread_graph()
     offset, dur = graph.nodes["offset_ns"].to_numpy(), graph.nodes["dur_ns"].to_numpy()
     src, dst, lag = _wraps(graph, offset, dur)
-    # The stream (whose node comes first) ends with d (65 + 30) and starts with a (15); the CPU
-    # thread ends with e (24 + 5) and starts with b (0): the gaps to the next step, 100 ns later.
     # The stream sat idle until a's launch returned (at 10 - 5), so its gap keeps only the
-    # 10 ns from the launch to a, not the 20 ns it waited in all.
+    # 10 ns from the launch to a, not the 20 ns it waited in all; the CPU thread's is kept.
     assert src.tolist() == [3, 4] and dst.tolist() == [0, 1]
     assert lag.tolist() == [15 - 5, 100 - 29]
 
@@ -96,6 +98,18 @@ def test_replay_names_the_edge_that_bound_each_start() -> None:
     assert result.cause_edge.tolist() == [2, -1, 0, 4, 1]
     assert result.critical_path == [1, 0, 3]
     assert result.step_ns == {0: 100.0}
+
+
+def test_the_recorded_period_is_no_input_of_the_replay() -> None:
+    graph = two_thread_graph()
+    slower = dataclasses.replace(graph, step_ns={0: 130.0})
+    assert replay(slower).step_ns == replay(graph).step_ns == {0: 100.0}
+    job = DataParallelJob(ranks=4, params=5_000_000, layers=3, kernels_per_layer=2)
+    recorded = data_parallel_graph(job)
+    for symmetric in (True, False):
+        expected = replay(recorded, symmetric=symmetric).step_ns
+        scaled = dataclasses.replace(recorded, step_ns={r: 1.3 * t for r, t in recorded.step_ns.items()})
+        assert replay(scaled, symmetric=symmetric).step_ns == expected
 
 
 def test_buckets_and_the_ring_all_reduce_model() -> None:

@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 import dpro.graph
@@ -114,6 +115,41 @@ class RunAnalysis:
         out = pd.concat(frames, ignore_index=True)
         return out[["rank", "step", "dur_ns", "phase"]].astype({"dur_ns": "int64"})
 
+    @cached_property
+    def unprofiled_step_ns(self) -> dict[int, float]:
+        """Each rank's median step time outside the profiling window (the steps users run: after
+        step 0, whose start is unknown, and outside every phase dpro marked); NaN where none."""
+        times = self.step_times
+        plain = times[(times["phase"] == "") & (times["step"] > 0)]
+        medians = plain.groupby("rank")["dur_ns"].median()
+        return {r: float(medians.get(r, float("nan"))) for r in self.ranks}
+
+    @cached_property
+    def profiled_step_ns(self) -> dict[int, float]:
+        """Each rank's median step time inside the profiling window (NaN where none)."""
+        times = self.step_times
+        medians = times[times["phase"] == "profiled"].groupby("rank")["dur_ns"].median()
+        return {r: float(medians.get(r, float("nan"))) for r in self.ranks}
+
+    @cached_property
+    def calibrations(self) -> dict[int, dict[str, Any]]:
+        """Each rank's ``calibration.json`` (``{}`` where the run was not calibrated)."""
+        return {r: self.run.calibration(r) for r in self.ranks}
+
+    def profiler_cost_ns(self) -> dict[int, dict[str, float]]:
+        """What the profiler cost per event on each rank of a calibrated host: ``{"main": ns,
+        "other": ns}``, the median over the host's ranks (one machine, one cost; each rank's
+        own measurement is disturbed by the others calibrating beside it). The other threads'
+        cost is taken to be the main thread's (see :mod:`dpro.collectors.calibration`)."""
+        measured = {r: float(main["per_event_ns"]) for r, c in self.calibrations.items()
+                    if "per_event_ns" in (main := (c.get("profiler") or {}).get("main") or {})}
+        out = {}
+        for rank in measured:
+            peers = [measured[r] for r in measured if self.hosts[r] == self.hosts[rank]]
+            cost = float(np.median(peers))
+            out[rank] = {"main": cost, "other": cost}
+        return out
+
     @property
     def has_traces(self) -> bool:
         """Whether every rank wrote a trace (what the graph needs)."""
@@ -181,7 +217,8 @@ class RunAnalysis:
         reductions = self.reductions()
         logs = self.run.nccl_logs()
         graph = build_graph(reductions, self.recorded_offsets, align=self.align, bucket_bytes=self.bucket_bytes(),
-                            algorithms=nccl_log_algorithms(logs) if logs else None, hosts=self.hosts)
+                            algorithms=nccl_log_algorithms(logs) if logs else None, hosts=self.hosts,
+                            profiler_ns=self.profiler_cost_ns())
         instances = match(pd.concat([rd.instances for rd in reductions.values()], ignore_index=True))
         profiled = pd.concat([rd.profiled_steps.assign(rank=r) for r, rd in reductions.items()], ignore_index=True)
         tables = {"instances": instances, "profiled_steps": profiled[["rank", "step", "start_ns", "end_ns"]]}

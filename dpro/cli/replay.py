@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from dpro.cli.options import RUN, analysis_options, open_analysis, table
+from dpro.cli.options import RUN, analysis_options, ms, open_analysis, table
 from dpro.errors import DproError
 
 TOP_OPS = 15  # ops listed by `dpro critical-path` without --all
@@ -28,19 +28,21 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
 
     analysis = open_analysis(run, scheduler, workers, align=not no_align)
     graph, result = analysis.graph, analysis.replay()
-    summary = comparison(graph, result)
+    summary = comparison(graph, result, analysis.unprofiled_step_ns, analysis.profiled_step_ns)
     if export:
         export_chrome_trace(graph, result, export)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
-    click.echo(f"steps {summary['steps']}: {summary['nodes']} nodes, {summary['edges']} edges")
-    rows = [("rank", "measured ms", "predicted ms", "error %")]
-    rows += [(str(r["rank"]), f"{r['measured_step_ms']:.2f}", f"{r['predicted_step_ms']:.2f}", f"{r['error_pct']:+.2f}")
-             for r in summary["per_rank"]]
-    rows.append(("job", f"{summary['measured_step_ms']:.2f}", f"{summary['predicted_step_ms']:.2f}",
-                 f"{summary['error_pct']:+.2f}"))
+    click.echo(f"graph of profiled steps {summary['steps']}: {summary['nodes']} nodes, {summary['edges']} edges")
+    rows = [("rank", "measured ms", "predicted ms", "error %", "profiled ms", "profiler slow-down")]
+    for r in [*summary["per_rank"], {**summary, "rank": "job"}]:
+        rows.append((str(r["rank"]), ms(r["measured_step_ms"]), f"{r['predicted_step_ms']:.2f}",
+                     "-" if r["error_pct"] is None else f"{r['error_pct']:+.2f}", ms(r["profiled_step_ms"]),
+                     "-" if r["profiler_slowdown"] is None else f"{r['profiler_slowdown']:.2f}x"))
     click.echo(table(rows))
+    click.echo("measured: the median step outside the profiling window; predicted: the replay, the "
+               "profiler's cost per event taken out")
 
 
 @click.command("critical-path")
