@@ -14,7 +14,8 @@ next step's timing starts after the calibration):
   reach the same step): the job's collectives on its default process group at sizes from
   4 KiB up (×4, at most 64 MiB), point-to-point sends around the ranks' ring, and the
   interference between compute and communication (known work alone and while an all-reduce
-  runs, an all-reduce alone and while the main thread computes). Every timed call starts
+  runs, an all-reduce alone and while the main thread computes), and the compute of DDP's
+  fp16 and bf16 compression hooks. Every timed call starts
   after a one-element all-reduce, so that the ranks enter it together. Sizes stop growing once one call takes
   longer than :data:`SLOW_CALL_S` on any rank (the ranks agree on it with a one-element
   all-reduce), so the whole takes a few seconds even on a slow link. Ranks first meet at a
@@ -86,7 +87,7 @@ def _known_work(torch: Any) -> Callable[[], None]:
 
 
 SPANS = 9  # spans of known work timed, the median kept
-ROUNDS = 5  # rounds of spans without, then with the profiler
+ROUNDS = 9  # rounds of spans without, then with the profiler
 
 
 def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[], int] = time.thread_time_ns) -> float:
@@ -172,7 +173,8 @@ def collectives(rank: int, world_size: int) -> dict[str, Any]:
     if group_size > 1:
         p2p = _sweep(torch, dist, lambda nbytes: _ring_send(torch, dist, rank, group_size, nbytes),
                      {"src": rank, "dst": (rank + 1) % group_size})
-    return {"collectives": rows, "p2p": p2p, "interference": _interference(torch, dist, rows), "notes": notes}
+    return {"collectives": rows, "p2p": p2p, "interference": _interference(torch, dist, rows),
+            "compression": _compression(torch, group_size), "notes": notes}
 
 
 def _sweep(torch: Any, dist: Any, call: Callable[[int], None], facts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -237,6 +239,27 @@ def _slowest(torch: Any, dist: Any, ns: int) -> float:
     value = torch.tensor([float(ns)])
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
+
+
+COMPRESSION_SIZES = (2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20)  # bytes of float32 gradients
+
+
+def _compression(torch: Any, group_size: int) -> dict[str, list[dict[str, Any]]]:
+    """The compute of DDP's fp16 and bf16 compression hooks on a bucket of each size: the cast
+    to half precision divided by the group's size, and the copy back into the float32 bucket
+    after the all-reduce (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        rows = []
+        for nbytes in COMPRESSION_SIZES:
+            bucket = torch.frombuffer(bytearray(nbytes), dtype=torch.float32)  # zeros, filled by no torch op
+
+            def hook() -> None:
+                bucket.copy_(bucket.to(dtype).div_(group_size))
+
+            rows.append({"bytes": nbytes, "times_ns": _timed(hook, REPEATS)})
+        out[name] = rows
+    return out
 
 
 def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:

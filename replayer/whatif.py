@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 
 from dpro.errors import DproError
+from dpro.graph.collectives import schedule
 from dpro.graph.dataflow import DataflowGraph
 
-from dpro.replayer.cost import fit_link_model, link_class
+from dpro.replayer.cost import AlphaBeta, fit_link_model, link_class
 from dpro.replayer.simulate import Replay, Replayer
 
 
@@ -32,9 +33,12 @@ class WhatIfError(DproError):
 class WhatIf:
     """A recorded graph and a set of changes to it; each method returns ``self`` to chain."""
 
-    def __init__(self, graph: DataflowGraph) -> None:
+    def __init__(self, graph: DataflowGraph, model: dict[tuple[str, str], AlphaBeta] | None = None) -> None:
+        """``model``: the per-send link model (default: fitted on the graph's own sends,
+        :func:`~dpro.replayer.cost.fit_link_model`; a run's calibration gives a better one,
+        :func:`~dpro.replayer.linkmodel.calibrated_link_model`)."""
         self.graph = graph
-        self.model = fit_link_model(graph)
+        self.model = fit_link_model(graph) if model is None else model
         nodes = graph.nodes
         self.durations = nodes["dur_ns"].to_numpy(np.float64).copy()
         self.edges = graph.edges
@@ -42,14 +46,17 @@ class WhatIf:
         self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
         self._bandwidth = np.ones(len(nodes))
         self._parts = np.ones(len(nodes))
+        self._repeat = np.ones(len(nodes))  # algorithm steps each send now stands for
+        self._extra = np.zeros(len(nodes))  # time added to a send (a comm hook's compute)
         self._model_of: dict[int, tuple] = {}
         for c in graph.collectives.itertuples():
             key = (c.coll, link_class(graph, c.ranks))
-            if key in self.model:
+            if key in self.model and np.isfinite(c.bytes):
                 self._model_of.update({v: key for v in c.sends})
         sends = np.fromiter(self._model_of, np.int64)
         self._residual = np.ones(len(nodes))
         if len(sends):
+            # what the model misses of each send (waiting, interference) stays with it
             self._residual[sends] = self.durations[sends] / np.maximum(self._send_model_ns(sends), 1e-9)
 
     def select(self, *, name: str | None = None, kind: str | None = None, rank: int | None = None,
@@ -96,6 +103,40 @@ class WhatIf:
         self._parts[sends] = parts
         return self._retime_sends()
 
+    def compress(self, coll: str, occurrence: int, ratio: float, extra_ns: float) -> "WhatIf":
+        """Collective ``coll``'s ``occurrence`` sends ``ratio`` of its bytes and takes
+        ``extra_ns`` longer in all (a communication hook compressing it: its compute)."""
+        c = self._collective(coll, occurrence)
+        sends = np.asarray(c["sends"], np.int64)
+        if len(sends):
+            self._bytes[sends] *= ratio
+            self._extra[sends] += extra_ns / len(sends)
+        return self._retime_sends()
+
+    def set_world_size(self, world_size: int, link_class_: str) -> "WhatIf":
+        """Every collective over ``world_size`` ranks, as its algorithm would run there (each
+        step sends its share of the bytes; there are as many steps as the algorithm takes), over
+        links of class ``link_class_``. The recorded ranks stand for the new ones (data
+        parallel: every rank does the same work)."""
+        nodes = self.graph.nodes
+        for c in self.graph.collectives.itertuples():
+            recorded, scaled = schedule(c.coll, len(c.ranks)), schedule(c.coll, world_size)
+            if not len(recorded.step) or not len(c.sends):
+                continue
+            sends = np.asarray(c.sends, np.int64)
+            steps = (int(scaled.step.max()) + 1 if len(scaled.step) else 0) / (int(recorded.step.max()) + 1)
+            if sends[0] in self._model_of:
+                key = (c.coll, link_class_)
+                if key not in self.model:
+                    raise WhatIfError(f"no measurement of {c.coll} over {link_class_}-host links in this run")
+                self._model_of.update({int(v): key for v in sends})
+                share = (scaled.fraction.mean() if len(scaled.fraction) else 0.0) / recorded.fraction.mean()
+                self._bytes[sends] *= share
+                self._repeat[sends] = steps
+            else:  # unsized: only its number of steps changes
+                self.durations[sends] = nodes["dur_ns"].to_numpy(np.float64)[sends] * steps
+        return self._retime_sends()
+
     def fuse_buckets(self, groups: list[list[int]]) -> "WhatIf":
         """Fuse DDP's all-reduces: each group of occurrences (in order of issue) becomes one
         all-reduce of their summed bytes, issued where the group's last one was; the others
@@ -136,10 +177,10 @@ class WhatIf:
 
     def _send_model_ns(self, sends: np.ndarray) -> np.ndarray:
         return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v], self._bandwidth[v], self._parts[v])
-                         for v in sends], np.float64)
+                         for v in sends], np.float64) * self._repeat[sends]
 
     def _retime_sends(self) -> "WhatIf":
         sends = np.fromiter(self._model_of, np.int64)
         if len(sends):
-            self.durations[sends] = self._send_model_ns(sends) * self._residual[sends]
+            self.durations[sends] = self._send_model_ns(sends) * self._residual[sends] + self._extra[sends]
         return self

@@ -55,6 +55,7 @@ class LazyGroup(click.Group):
     "merge": "dpro.cli.record:merge",
     "info": "dpro.cli.info:info",
     "replay": "dpro.cli.replay:replay",
+    "whatif": "dpro.cli.whatif:whatif",
     "critical-path": "dpro.cli.replay:critical_path",
     "diagnose": "dpro.cli.diagnose:diagnose",
     "anomaly": "dpro.cli.anomaly:anomaly",

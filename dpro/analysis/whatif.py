@@ -1,0 +1,178 @@
+"""What a recorded data-parallel job would do under another configuration (``dpro whatif``).
+
+The recorded run's graph is replayed with the change made (:class:`dpro.replayer.whatif.WhatIf`),
+sends timed by the link model fitted on the run's calibration
+(:mod:`dpro.replayer.linkmodel`; on the graph's own collectives when the run was recorded with
+``--no-calibrate``). Changes, applied in this order:
+
+- **bucket cap**: DDP's buckets rebuilt for the new cap exactly as DDP builds them, from the
+  recorded parameters (:mod:`dpro.replayer.buckets`). A new bucket is all-reduced where the
+  recorded bucket holding its last parameter was: recorded buckets that no new bucket ends in
+  are fused into the next; a recorded bucket in which several new ones end becomes their
+  all-reduces, one after the other (each paying the call's fixed cost). A new bucket issued
+  earlier than the recorded one it ends in is not moved earlier.
+- **compression** (``fp16``, ``bf16``): DDP's hook halves each bucket's bytes and adds its
+  compute (the cast and the copy back, timed in calibration).
+- **world size**: every collective as its algorithm runs over N ranks (per-rank work fixed),
+  over the links of the hosts N ranks need at the recorded ranks per host.
+- **bandwidth scale**: every link that many times as fast.
+
+The prediction is anchored on the recorded configuration: the measured step time users ran
+(the median of the unprofiled steps) times the ratio of the changed replay to the unchanged
+one, so the replay's own error on the recorded configuration is not carried into the answer.
+The unanchored replay is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from dpro.errors import DproError
+from dpro.replayer.buckets import first_bucket_bytes, ready_order, rebuilt_buckets
+from dpro.replayer.cost import fit_link_model, link_class
+from dpro.replayer.linkmodel import calibrated_link_model
+from dpro.replayer.whatif import WhatIf, WhatIfError
+
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["COMPRESSIONS", "Change", "predict"]
+
+COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
+
+
+@dataclass(frozen=True)
+class Change:
+    """A configuration to predict; ``None``: as recorded."""
+
+    bucket_cap_mb: float | None = None
+    bandwidth_scale: float | None = None
+    compress: str | None = None
+    world_size: int | None = None
+    ranks_per_host: int | None = None
+
+
+def predict(analysis: RunAnalysis, change: Change) -> dict[str, Any]:
+    """The predicted step time of the recorded job under ``change`` (see the module docstring):
+    ``baseline_step_ms`` (measured, unprofiled), ``replayed_step_ms`` (the unchanged replay),
+    ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did."""
+    graph = analysis.graph
+    calibrated = any((c.get("collectives") or {}).get("collectives") for c in analysis.calibrations.values())
+    model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
+    if calibrated:
+        model.update(calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns))))
+    w = WhatIf(graph, model)
+    replayed = w.replay().step_ns
+    details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives"}
+    ddp = _ddp_buckets(analysis, graph)
+    if change.bucket_cap_mb is not None:
+        ddp = _rebucket(w, analysis, ddp, int(change.bucket_cap_mb * 2 ** 20))
+        details["buckets_bytes"] = [b for _, b in ddp]
+    if change.compress is not None:
+        _compress(w, analysis, ddp, change.compress)
+    if change.world_size is not None:
+        details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
+    if change.bandwidth_scale is not None:
+        w.set_link_bandwidth(change.bandwidth_scale)
+    changed = w.replay().step_ns
+    baseline = analysis.unprofiled_step_ns
+    per_rank = []
+    for r in sorted(changed):
+        anchored = baseline[r] * changed[r] / replayed[r] if baseline[r] == baseline[r] else changed[r]
+        per_rank.append({"rank": r, "baseline_step_ms": _ms(baseline[r]), "replayed_step_ms": replayed[r] / 1e6,
+                         "predicted_step_ms": anchored / 1e6, "unanchored_step_ms": changed[r] / 1e6})
+    job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms", "predicted_step_ms",
+                                                    "unanchored_step_ms")}
+    return {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
+            "per_rank": per_rank}
+
+
+def _ms(ns: float) -> float | None:
+    return None if ns != ns else ns / 1e6
+
+
+def _mean(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _layout(analysis: RunAnalysis) -> dict[str, Any]:
+    ddp = analysis.metas[min(analysis.ranks)].get("ddp") or []
+    if not ddp or "buckets" not in ddp[0]:
+        raise DproError(f"{analysis.root} holds no DDP bucket layout (the job used no DistributedDataParallel)")
+    return ddp[0]
+
+
+def _ddp_buckets(analysis: RunAnalysis, graph: Any) -> list[tuple[int, int]]:
+    """(occurrence, bytes) of DDP's bucket all-reduces in the graph, in the order of the recorded
+    buckets (the step's all-reduces whose sizes are the buckets', in a row); empty without DDP."""
+    sizes = analysis.bucket_bytes()
+    table = graph.collectives
+    if not sizes or table.empty:
+        return []
+    reduces = table[table["coll"] == "all_reduce"].sort_values("occurrence")
+    found = reduces["bytes"].to_numpy(np.float64)
+    for first in range(len(found) - len(sizes) + 1):
+        if np.allclose(found[first:first + len(sizes)], sizes):
+            return list(zip(reduces["occurrence"].iloc[first:first + len(sizes)].astype(int).tolist(), sizes))
+    return []
+
+
+def _rebucket(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], cap_bytes: int) -> list[tuple[int, int]]:
+    """Apply DDP's buckets at ``cap_bytes``; the surviving all-reduces and their new bytes."""
+    layout = _layout(analysis)
+    if not ddp:
+        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
+    old_of = {p["name"]: i for i, b in enumerate(layout["buckets"]) for p in b["params"]}
+    new = rebuilt_buckets(ready_order(layout), cap_bytes, first_bucket_bytes(layout, cap_bytes))
+    ends_in: dict[int, list[int]] = {}
+    for bucket in new:
+        ends_in.setdefault(old_of[bucket[-1].name], []).append(sum(p.nbytes for p in bucket))
+    groups, pending, survivors = [], [], []
+    for i, (occurrence, _) in enumerate(ddp):
+        pending.append(occurrence)
+        if i in ends_in:
+            groups.append(pending)
+            survivors.append((occurrence, ends_in[i]))
+            pending = []
+    w.fuse_buckets([g for g in groups if len(g) > 1])
+    out = []
+    for occurrence, parts in survivors:
+        w.set_collective_bytes("all_reduce", occurrence, float(sum(parts)), parts=len(parts))
+        out += [(occurrence, b) for b in parts]
+    return out
+
+
+def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name: str) -> None:
+    if not ddp:
+        _layout(analysis)
+        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
+    rows = [row for c in analysis.calibrations.values()
+            for row in ((c.get("collectives") or {}).get("compression") or {}).get(name) or []]
+    if not rows:
+        raise DproError(f"{analysis.root} has no calibration of the {name} hook's compute "
+                        "(recorded with --no-calibrate, or by an older dpro)")
+    nbytes = np.array([r["bytes"] for r in rows], np.float64)
+    ns = np.array([np.median(r["times_ns"]) for r in rows], np.float64)
+    per_byte = float(np.sum(nbytes * ns) / np.sum(nbytes * nbytes))
+    totals: dict[int, int] = {}
+    for occurrence, b in ddp:
+        totals[occurrence] = totals.get(occurrence, 0) + b
+    for occurrence, b in totals.items():
+        w.compress("all_reduce", occurrence, COMPRESSIONS[name], b * per_byte)
+
+
+def _world_size(w: WhatIf, analysis: RunAnalysis, world_size: int, ranks_per_host: int | None) -> str:
+    """Re-size every collective for ``world_size`` ranks; the link class they then cross."""
+    recorded = len(analysis.ranks) / max(len(set(analysis.hosts.values())), 1)
+    per_host = ranks_per_host or max(int(recorded), 1)
+    cls = "intra" if math.ceil(world_size / per_host) == 1 else "inter"
+    try:
+        w.set_world_size(world_size, cls)
+    except WhatIfError as e:
+        raise DproError(f"{e}: {world_size} ranks at {per_host} per host need {cls}-host links "
+                        "(--ranks-per-host sets how many ranks share a host)") from None
+    return cls

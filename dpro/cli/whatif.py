@@ -1,0 +1,64 @@
+"""``dpro whatif``: the step time of a recorded job under a configuration nobody ran."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from dpro.cli.options import RUN, analysis_options, ms, open_analysis, table
+
+
+class Compression(click.ParamType):
+    """``fp16`` or ``bf16`` (DDP's compression hooks)."""
+
+    name = "fp16|bf16"
+    known = ("fp16", "bf16")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value in self.known:
+            return value
+        if str(value).startswith("powersgd"):
+            self.fail("powersgd is not predicted yet (its low-rank factors need the parameters' shapes, "
+                      "which runs do not record)", param, ctx)
+        self.fail(f"{value!r} is not one of {', '.join(self.known)}", param, ctx)
+
+
+@click.command()
+@click.argument("run", type=RUN)
+@click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), metavar="MB",
+              help="DDP's bucket cap: the buckets rebuilt as DDP would build them.")
+@click.option("--bandwidth-scale", type=click.FloatRange(min=0, min_open=True), metavar="F",
+              help="Every link F times as fast as recorded.")
+@click.option("--compress", type=Compression(), help="DDP's fp16 or bf16 compression hook on every bucket.")
+@click.option("--world-size", type=click.IntRange(min=2), metavar="N",
+              help="The same data-parallel job over N ranks (per-rank batch fixed).")
+@click.option("--ranks-per-host", type=click.IntRange(min=1), metavar="R",
+              help="With --world-size: ranks sharing a host (default: as recorded).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@analysis_options
+def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None, compress: str | None,
+           world_size: int | None, ranks_per_host: int | None, as_json: bool, scheduler: str | None,
+           workers: int | None) -> None:
+    """Predict the step time of RUN's job with its configuration changed."""
+    from dpro.analysis.whatif import Change, predict
+
+    if ranks_per_host is not None and world_size is None:
+        raise click.UsageError("--ranks-per-host goes with --world-size")
+    change = Change(bucket_cap_mb, bandwidth_scale, compress, world_size, ranks_per_host)
+    if change == Change():
+        raise click.UsageError("nothing to change: give --bucket-cap-mb, --bandwidth-scale, --compress or --world-size")
+    result = predict(open_analysis(run, scheduler, workers), change)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    click.echo("change: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in result["change"].items()))
+    rows = [("rank", "baseline ms", "predicted ms", "change %", "replay as recorded ms", "replay changed ms")]
+    for r in [*result["per_rank"], {**result, "rank": "job"}]:
+        base, pred = r["baseline_step_ms"], r["predicted_step_ms"]
+        rows.append((str(r["rank"]), ms(base), ms(pred), "-" if base is None else f"{100 * (pred / base - 1):+.1f}",
+                     ms(r["replayed_step_ms"]), ms(r["unanchored_step_ms"])))
+    click.echo(table(rows))
+    click.echo("baseline: the median step outside the profiling window; predicted: the baseline times the "
+               f"changed replay over the replay as recorded (sends timed by the link model of {result['link_model']})")

@@ -1,0 +1,90 @@
+"""The link model fitted on a run's calibration: the job's collectives timed over sizes.
+
+``dpro record`` times each collective on the job's default process group at sizes from 4 KiB
+to 64 MiB (:mod:`dpro.collectors.calibration`). A collective of ``B`` bytes takes
+``a + B * b`` (``a`` the fixed cost per call, ``b`` per byte), fitted per collective by least
+squares on relative error (so that small calls, where ``a`` shows, weigh as much as large ones).
+Each rank's calls end together, so the median over ranks and repeats is kept per size.
+
+The replay's unit is a send of the collective's algorithm (:func:`dpro.graph.collectives.schedule`):
+a ring all-reduce over ``n`` ranks is ``2(n-1)`` steps, each sending ``B/n``. The fit becomes a
+per-send :class:`~dpro.replayer.cost.AlphaBeta` with ``alpha = a / steps`` and
+``beta = steps * fraction / b``, so that the algorithm's sends add up to the measured call.
+
+    >>> model = calibrated_link_model(calibrations, link_class="intra")    # doctest: +SKIP
+    >>> model[("all_reduce", "intra")].time_ns(2**20)                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpro.graph.collectives import schedule
+
+from dpro.replayer.cost import AlphaBeta
+
+__all__ = ["CollectiveFit", "calibrated_link_model", "fit_collectives", "per_send"]
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """``fixed_ns + bytes * ns_per_byte`` for one call of ``coll`` over ``group_size`` ranks."""
+
+    coll: str
+    group_size: int
+    fixed_ns: float
+    ns_per_byte: float
+    sizes: int
+
+    def time_ns(self, nbytes: float) -> float:
+        return self.fixed_ns + nbytes * self.ns_per_byte
+
+
+def fit_collectives(calibrations: dict[int, dict[str, Any]]) -> dict[str, CollectiveFit]:
+    """One fit per calibrated collective, from every rank's ``calibration.json``."""
+    times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    for calibration in calibrations.values():
+        for row in (calibration.get("collectives") or {}).get("collectives") or []:
+            times[(row["coll"], int(row["group_size"]), int(row["bytes"]))] += [float(t) for t in row["times_ns"]]
+    by_coll: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
+    for (coll, n, nbytes), ts in times.items():
+        by_coll[(coll, n)].append((nbytes, float(np.median(ts))))
+    fits = {}
+    for (coll, n), points in by_coll.items():
+        if len(points) >= 2:
+            nbytes, ns = np.array(sorted(points)).T
+            fixed, per_byte = _relative_least_squares(nbytes, ns)
+            fits[coll] = CollectiveFit(coll, n, fixed, per_byte, len(points))
+    return fits
+
+
+def _relative_least_squares(nbytes: np.ndarray, ns: np.ndarray) -> tuple[float, float]:
+    """``ns ~ a + nbytes * b`` minimizing the squared relative error, ``a, b >= 0``."""
+    weights = 1.0 / ns
+    design = np.stack([np.ones_like(nbytes), nbytes], axis=1) * weights[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, ns * weights, rcond=None)
+    if a < 0:  # no visible fixed cost: bandwidth only
+        a, b = 0.0, float(np.sum(nbytes * ns * weights ** 2) / np.sum((nbytes * weights) ** 2))
+    if b < 0:  # no visible cost per byte: latency only
+        a, b = float(np.median(ns)), 0.0
+    return float(a), float(b)
+
+
+def per_send(fit: CollectiveFit, group_size: int | None = None) -> AlphaBeta:
+    """The per-send model of ``fit``'s collective decomposed over ``group_size`` ranks (default:
+    the calibrated group)."""
+    sends = schedule(fit.coll, group_size or fit.group_size)
+    steps = int(sends.step.max()) + 1 if len(sends.step) else 1
+    fraction = float(sends.fraction.mean()) if len(sends.fraction) else 1.0
+    beta = steps * fraction / fit.ns_per_byte if fit.ns_per_byte > 0 else np.inf
+    return AlphaBeta(fit.fixed_ns / steps, float(beta), fit.sizes)
+
+
+def calibrated_link_model(calibrations: dict[int, dict[str, Any]], link_class: str) -> dict[tuple[str, str], AlphaBeta]:
+    """The per-send model of every calibrated collective, for the run's ``link_class`` (the
+    class of its default process group: ``intra`` on one host, else ``inter``)."""
+    return {(coll, link_class): per_send(fit) for coll, fit in fit_collectives(calibrations).items()}
