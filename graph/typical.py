@@ -224,9 +224,11 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
         for thread in cpu_threads:
-            waiter = _waiter(thread, end[i], start, end)
+            # judged within the template's own step: medians taken op by op need not keep
+            # a waiter after the end of the collective it woke up for
+            waiter = _waiter(thread, measured_start[i], measured_end[i], measured_start, measured_end)
             if waiter is not None and waiter != i:
-                edges.append((i, waiter, int(start[waiter] - end[i]), "wait"))
+                edges.append((i, waiter, int(measured_start[waiter] - measured_end[i]), "wait"))
         # The optimizer updates with the reduced gradients: DDP waits for every bucket before
         # it, often inside another op, where no idle time shows the wait.
         gradients = collective_family(str(name)) in GRADIENT_FAMILIES
@@ -260,15 +262,30 @@ def _trim_idle_gaps(order: dict[int, list], edges: list[tuple[int, int, int, str
             edge[2] = int(min(edge[2], max(0.0, start[v] - ready[v])))
 
 
-def _waiter(thread: pd.DataFrame, done: float, start: np.ndarray, end: np.ndarray) -> int | None:
-    """The op of ``thread`` that waited for a collective ``done`` at that time: the first to
-    start after it, if the thread was idle when it finished. (A thread still busy then shows no
-    sign of needing the result; a wait nested inside a top-level op is part of its duration.)"""
+WAKE_SLACK_NS = 20_000_000
+"""How long before a collective's recorded end its waiter may start: the communication thread
+closes the collective's profiler range after it woke the waiter, and on busy cores it may be
+descheduled in between (by 7 ms on two shared cores)."""
+MIN_WAIT_NS = 1_000_000  # an idle gap shorter than this, ending before the end, is no sign of waiting
+
+
+def _waiter(thread: pd.DataFrame, began: float, done: float, start: np.ndarray, end: np.ndarray) -> int | None:
+    """The op of ``thread`` that waited for a collective that ran from ``began`` to ``done``.
+
+    The first op to start after its end, if the thread was idle then; or, where the thread woke
+    before the recorded end (up to :data:`WAKE_SLACK_NS`, never before the collective began),
+    the op after the longest idle gap of the thread that ended in that window, if it lasted
+    :data:`MIN_WAIT_NS`. (A thread busy throughout shows no sign of needing the result; a wait
+    nested inside a top-level op is part of its duration.)"""
     ids = thread.index.to_numpy()
-    j = int(np.searchsorted(start[ids], done, "left"))
-    if j >= len(ids) or (j > 0 and end[ids[j - 1]] > done):
+    first, after = np.searchsorted(start[ids], [max(done - WAKE_SLACK_NS, began), done], "left")
+    gaps = start[ids[first:after]] - np.r_[end[ids[first - 1]] if first > 0 else -np.inf, end[ids[first:after - 1]]] \
+        if after > first else np.empty(0)
+    if len(gaps) and gaps.max() >= MIN_WAIT_NS:
+        return int(ids[first + int(np.argmax(gaps))])
+    if after >= len(ids) or (after > 0 and end[ids[after - 1]] > done):
         return None
-    return int(ids[j])
+    return int(ids[after])
 
 def _issue_order(instances: pd.DataFrame) -> pd.DataFrame:
     """The rank's CPU-side collective instances, each with ``issue``: its order of issue among

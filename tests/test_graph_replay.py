@@ -17,6 +17,7 @@ from dpro.graph.dataflow import DataflowGraph, graph_from_traces
 from dpro.graph.kineto import load_trace
 from dpro.graph.matching import match
 from dpro.graph.reduction import reduce_trace
+from dpro.graph.typical import WAKE_SLACK_NS
 from dpro.replayer.simulate import ReplayError, replay
 
 from .conftest import DATA, assert_one_line_error, dpro
@@ -49,7 +50,8 @@ def test_collectives_are_matched_and_decomposed_into_ring_transfers(run_graph: D
         assert nodes.at[src, "rank"] == nodes.at[dst, "rank"] and nodes.at[src, "resource"] != nodes.at[dst, "resource"]
     waits = edges[edges["kind"] == "wait"]
     assert set(nodes.loc[waits["src"], "kind"]) == {"collective"}, "the main thread waits for a rank's collective end"
-    assert (waits["lag_ns"] >= 0).all()
+    # a waiter may wake a little before the communication thread closes the collective's range
+    assert (waits["lag_ns"] >= -WAKE_SLACK_NS).all()
 
 
 def test_collective_instances_are_numbered_by_issue_across_communication_threads(run_graph: DataflowGraph) -> None:
