@@ -19,12 +19,23 @@ from dpro.errors import DproError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+class OneLineUsageError(click.ClickException):
+    """A command's :class:`click.UsageError` as one line naming its ``--help``."""
+
+    exit_code = 2
+
+    def __init__(self, error: click.UsageError) -> None:
+        where = f" (see '{error.ctx.command_path} --help')" if error.ctx else ""
+        super().__init__(error.format_message() + where)
+
+
 class LazyGroup(click.Group):
     """A group whose commands live in other modules, imported on first use.
 
     ``lazy`` maps a command name to ``"module:attribute"``. Expected failures of any command
     (:class:`~dpro.errors.DproError`, and files that cannot be read) become one-line errors
-    with exit code 1, never a traceback.
+    with exit code 1, never a traceback; a command's bad options, one-line errors with exit
+    code 2.
     """
 
     def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
@@ -43,6 +54,8 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # a command's bad option: one line too, and exit code 2
+            raise OneLineUsageError(e) from None
         except DproError as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:

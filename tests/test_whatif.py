@@ -1,0 +1,89 @@
+"""``dpro whatif``: a recorded job's step time under another configuration."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpro.run_format import open_run
+from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
+
+from .conftest import EXAMPLE, JOBS, SMALL_LM, assert_one_line_error, dpro
+
+
+def whatif(run: Path, *args: str) -> dict:
+    result = dpro("whatif", run, *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    ((), "nothing to change"),
+    (("--bucket-cap-mb", "0"), "--bucket-cap-mb"),
+    (("--bucket-cap-mb", "lots"), "--bucket-cap-mb"),
+    (("--bandwidth-scale", "-2"), "--bandwidth-scale"),
+    (("--compress", "zip"), "'zip' is not one of fp16, bf16"),
+    (("--compress", "powersgd:4"), "powersgd is not predicted yet"),
+    (("--world-size", "1"), "--world-size"),
+    (("--ranks-per-host", "2"), "--ranks-per-host goes with --world-size"),
+    (("--world-size", "8"), "inter-host links"),  # recorded on one host: no measured link between hosts
+])
+def test_bad_options_are_one_line_errors(recorded_run: Path, args: tuple[str, ...], fragment: str) -> None:
+    assert_one_line_error(dpro("whatif", recorded_run, *args), fragment)
+
+
+def test_a_run_without_ddp_has_no_buckets_to_change(tmp_path: Path) -> None:
+    result = dpro("record", "-o", tmp_path / "run", "--skip", "2", "--warmup", "0", "--steps", "2",
+                  "--", sys.executable, JOBS / "manual_steps.py")
+    assert result.returncode == 0, result.stderr
+    assert_one_line_error(dpro("whatif", tmp_path / "run", "--bucket-cap-mb", "1"), "no DDP bucket layout")
+    assert_one_line_error(dpro("whatif", tmp_path / "run", "--compress", "bf16"), "no DDP bucket layout")
+    assert_one_line_error(dpro("whatif", tmp_path / "missing", "--compress", "bf16"), "is not a directory")
+
+
+def test_the_recorded_bucket_cap_rebuilds_the_recorded_buckets_and_predicts_the_baseline(recorded_run: Path) -> None:
+    ddp = open_run(recorded_run).rank_meta(0)["ddp"][0]
+    recorded = [b["bytes"] for b in ddp["buckets"]]
+    out = whatif(recorded_run, "--bucket-cap-mb", "0.05")
+    assert out["buckets_bytes"] == recorded and len(recorded) > 1
+    assert out["link_model"] == "calibration"
+    assert out["predicted_step_ms"] == pytest.approx(out["baseline_step_ms"], rel=1e-9)
+    assert {"baseline_step_ms", "predicted_step_ms", "per_rank"} <= out.keys() and len(out["per_rank"]) == 2
+
+
+def test_a_larger_cap_fuses_the_buckets_and_compression_is_applied_to_them(recorded_run: Path) -> None:
+    recorded = [b["bytes"] for b in open_run(recorded_run).rank_meta(0)["ddp"][0]["buckets"]]
+    fused = whatif(recorded_run, "--bucket-cap-mb", "100")
+    assert fused["buckets_bytes"] == [sum(recorded)]
+    compressed = whatif(recorded_run, "--bucket-cap-mb", "100", "--compress", "fp16")
+    assert compressed["change"] == {"bucket_cap_mb": 100.0, "compress": "fp16"}
+    assert compressed["predicted_step_ms"] != fused["predicted_step_ms"]
+
+
+def test_the_table_names_the_change_and_every_rank(recorded_run: Path) -> None:
+    result = dpro("whatif", recorded_run, "--world-size", "4", "--ranks-per-host", "4")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "change: world-size 4, ranks-per-host 4"
+    assert [line.split()[0] for line in lines[2:5]] == ["0", "1", "job"]
+
+
+@pytest.mark.privileged
+def test_a_faster_link_predicts_the_speed_up_of_a_job_bound_by_it(tmp_path: Path) -> None:
+    """The replay's step boundary is no longer the recorded period: a job waiting on a slow link
+    between two hosts is predicted faster when the link is."""
+    reason = can_build_namespaces()
+    if reason:
+        pytest.skip(reason)
+    run = tmp_path / "run"
+    with NetnsCluster(2, rates={0: "20mbit", 1: "20mbit"}) as cluster:
+        results = record_across_hosts(cluster, run, [EXAMPLE, "--steps", "20", *SMALL_LM],
+                                      record_args=("--skip", "6", "--warmup", "1", "--steps", "4"), timeout=300)
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    same = whatif(run, "--bandwidth-scale", "1")
+    faster = whatif(run, "--bandwidth-scale", "4")
+    assert same["predicted_step_ms"] == pytest.approx(same["baseline_step_ms"], rel=1e-9)
+    assert faster["predicted_step_ms"] < 0.6 * faster["baseline_step_ms"], faster
