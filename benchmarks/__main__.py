@@ -3,6 +3,7 @@
     python -m benchmarks            # all cases (several minutes)
     python -m benchmarks --quick    # fewer repetitions and cases
     python -m benchmarks --json results.json
+    python -m benchmarks fidelity   # one benchmark (as --only fidelity)
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import json
 import sys
 
 BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
-              "benchmarks.replay_speed", "benchmarks.run_model", "benchmarks.localization")
+              "benchmarks.replay_speed", "benchmarks.run_model", "benchmarks.localization",
+              "benchmarks.fidelity")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -26,13 +28,17 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    names = [b.rsplit(".", 1)[1] for b in BENCHMARKS]
+    parser.add_argument("names", nargs="*", choices=[[], *names], metavar="NAME",
+                        help=f"benchmarks to run (default: all): {', '.join(names)}")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and cases")
     parser.add_argument("--only", choices=[b.rsplit(".", 1)[1] for b in BENCHMARKS], action="append")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     rows: list[dict] = []
     for name in BENCHMARKS:
-        if args.only and name.rsplit(".", 1)[1] not in args.only:
+        chosen = (args.only or []) + args.names
+        if chosen and name.rsplit(".", 1)[1] not in chosen:
             continue
         print(f"running {name} ...", file=sys.stderr, flush=True)
         rows += importlib.import_module(name).run(quick=args.quick)

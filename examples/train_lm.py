@@ -147,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--comm-hook", choices=("fp16", "bf16"),
+                   help="compress gradients with DDP's fp16 or bf16 communication hook")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slow-rank", type=int, help="make this rank a straggler (extra compute every step)")
     p.add_argument("--slow-ms", type=float, default=30.0, help="the straggler's extra compute per step, in ms")
@@ -198,6 +200,11 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(args).to(device)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
                                   bucket_cap_mb=args.bucket_cap_mb)
+    if args.comm_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[args.comm_hook]
+        ddp.register_comm_hook(None, hook)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
 

@@ -1,0 +1,230 @@
+"""Held-out fidelity of ``dpro whatif``: every configuration predicted from a *different* recorded
+one, against the step time users see in the target run (the median of its unprofiled steps).
+
+Every run is recorded in this benchmark run with ``dpro record`` (2 ranks, gloo on CPU, 40
+steps, 10 profiled). Families of cases:
+
+- **buckets**: the example's three architectures at DDP bucket caps of 0.05, 1 and 25 MB on one
+  host; each cap predicted from each other cap (``--bucket-cap-mb``).
+- **bandwidth**: the CNN on two namespace hosts whose links are throttled (``tc tbf``) to 50,
+  100 and 400 mbit; each rate predicted from each other (``--bandwidth-scale``).
+- **compression**: the CNN at 100 mbit with DDP's fp16 hook, predicted from the run without it
+  (``--compress fp16``).
+- **world size**: the CNN on 4 ranks of one host, predicted from its 2-rank run
+  (``--world-size 4 --ranks-per-host 4``).
+
+Tuning cases (those looked at while the model was shaped): every GPT case, and the small GPT at
+20 and 80 mbit. Scoring cases: all the others (CNN and RNN). Goals, on the scoring cases: mean
+|error| <= 5%, max <= 10%, and at most half the "no change" error wherever the true change is
+>= 10%. Two naive baselines beside every prediction: "no change" (the source's step time) and
+bytes-over-bandwidth scaling (the source's step time with its measured communication time scaled
+by the change in bytes over bandwidth). The noise floor of each target is the spread (half the
+interquartile range over the median) of its unprofiled steps. Each configuration is recorded
+once: figures are single runs on a shared, noisy machine.
+
+    python -m benchmarks fidelity [--quick]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dpro.analysis import RunAnalysis
+from dpro.analysis.whatif import Change, predict
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_lm.py"
+RECORD = ["--skip", "10", "--warmup", "2", "--steps", "10"]
+JOB_STEPS = ["--steps", "40"]
+ARCHS = {"gpt": ["--arch", "gpt"], "cnn": ["--arch", "cnn"],
+         "rnn": ["--arch", "rnn", "--d-model", "128", "--seq-len", "128", "--batch-size", "8"]}
+SMALL_GPT = ["--arch", "gpt", "--d-model", "64", "--layers", "1", "--seq-len", "32"]
+BUCKETS_MB = (0.05, 1.0, 25.0)
+RATES_MBIT = (50, 100, 400)
+TUNING_RATES_MBIT = (20, 80)
+
+
+@dataclass
+class Config:
+    """One recorded configuration."""
+
+    name: str
+    job: list[str]
+    hosts: int = 1  # namespace hosts (1: all ranks on this host, loopback)
+    rate_mbit: int | None = None
+    ranks: int = 2
+    run: Path | None = None
+    analysis: RunAnalysis | None = field(default=None, repr=False)
+
+
+@dataclass
+class Case:
+    family: str
+    source: str
+    target: str
+    change: Change
+    comm_factor: float  # what bytes-over-bandwidth scaling multiplies the communication time by
+    tuning: bool
+
+
+def _record(config: Config, root: Path) -> None:
+    run = root / config.name
+    if config.hosts == 1:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={config.ranks}"]
+        subprocess.run([sys.executable, "-m", "dpro", "record", "-o", str(run), *RECORD, "--", *torchrun,
+                        str(EXAMPLE), *JOB_STEPS, *config.job], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=900)
+    else:
+        from dpro.testing.netns import NetnsCluster, record_across_hosts
+
+        rate = f"{config.rate_mbit}mbit"
+        with NetnsCluster(config.hosts, rates={h: rate for h in range(config.hosts)}) as cluster:
+            done = record_across_hosts(cluster, run, [str(EXAMPLE), *JOB_STEPS, *config.job], record_args=RECORD,
+                                       timeout=900)
+        if any(r.returncode for r in done):
+            raise RuntimeError(f"{config.name}: " + " | ".join(r.stderr.strip()[-300:] for r in done))
+    config.run = run
+    config.analysis = RunAnalysis.open(run)
+
+
+def _configs(quick: bool, namespaces: bool) -> dict[str, Config]:
+    archs = ("gpt", "cnn") if quick else tuple(ARCHS)
+    out = {}
+    for arch in archs:
+        for mb in BUCKETS_MB:
+            out[f"{arch}-{mb:g}mb"] = Config(f"{arch}-{mb:g}mb", [*ARCHS[arch], "--bucket-cap-mb", str(mb)])
+    out["cnn-4ranks"] = Config("cnn-4ranks", [*ARCHS["cnn"], "--bucket-cap-mb", "25"], ranks=4)
+    if namespaces:
+        for rate in RATES_MBIT if not quick else (100, 400):
+            out[f"cnn-{rate}mbit"] = Config(f"cnn-{rate}mbit", ARCHS["cnn"], hosts=2, rate_mbit=rate, ranks=1)
+        out["cnn-100mbit-fp16"] = Config("cnn-100mbit-fp16", [*ARCHS["cnn"], "--comm-hook", "fp16"], hosts=2,
+                                         rate_mbit=100, ranks=1)
+        for rate in TUNING_RATES_MBIT:
+            out[f"gpt-small-{rate}mbit"] = Config(f"gpt-small-{rate}mbit", SMALL_GPT, hosts=2, rate_mbit=rate, ranks=1)
+    return out
+
+
+def _cases(configs: dict[str, Config]) -> list[Case]:
+    cases = []
+    by_arch: dict[str, list[str]] = {}
+    for name in configs:
+        if name.endswith("mb"):
+            by_arch.setdefault(name.split("-")[0], []).append(name)
+    for arch, names in by_arch.items():
+        for src in names:
+            for dst in names:
+                if src != dst:
+                    mb = float(dst.split("-")[1].removesuffix("mb"))
+                    cases.append(Case("buckets", src, dst, Change(bucket_cap_mb=mb), 1.0, arch == "gpt"))
+    for prefix, tuning in (("cnn-", False), ("gpt-small-", True)):
+        rated = [n for n in configs if n.startswith(prefix) and n.endswith("mbit")]
+        for src in rated:
+            for dst in rated:
+                if src != dst:
+                    scale = configs[dst].rate_mbit / configs[src].rate_mbit
+                    cases.append(Case("bandwidth", src, dst, Change(bandwidth_scale=scale), 1 / scale, tuning))
+    if "cnn-100mbit" in configs and "cnn-100mbit-fp16" in configs:
+        cases.append(Case("compression", "cnn-100mbit", "cnn-100mbit-fp16", Change(compress="fp16"), 0.5, False))
+    if "cnn-25mb" in configs:
+        ring = (lambda n: 2 * (n - 1) / n)
+        cases.append(Case("world size", "cnn-25mb", "cnn-4ranks", Change(world_size=4, ranks_per_host=4),
+                          ring(4) / ring(2), False))
+    return cases
+
+
+def _measured_ms(analysis: RunAnalysis) -> float:
+    return float(np.mean(list(analysis.unprofiled_step_ns.values()))) / 1e6
+
+
+def _noise_pct(analysis: RunAnalysis) -> float:
+    """Half the interquartile range of the unprofiled steps over their median, in %."""
+    times = analysis.step_times
+    plain = times[(times["phase"] == "") & (times["step"] > 0)]["dur_ns"].to_numpy(np.float64)
+    q1, q2, q3 = np.percentile(plain, [25, 50, 75])
+    return float(50 * (q3 - q1) / q2)
+
+
+def _comm_ms(analysis: RunAnalysis) -> float:
+    """The step's measured communication time: its collectives' transfer times."""
+    table = analysis.graph.collectives
+    return float(table["transfer_ns"].sum()) / 1e6 if len(table) else 0.0
+
+
+def _evaluate(case: Case, configs: dict[str, Config]) -> dict:
+    src, dst = configs[case.source].analysis, configs[case.target].analysis
+    source_ms, measured = _measured_ms(src), _measured_ms(dst)
+    predicted = predict(src, case.change)["predicted_step_ms"]
+    comm = _comm_ms(src)
+    scaling = source_ms - comm + comm * case.comm_factor
+
+    def error(x: float) -> float:
+        return 100 * (x / measured - 1)
+
+    return {"family": case.family, "set": "tuning" if case.tuning else "scoring", "source": case.source,
+            "target": case.target, "measured_ms": measured, "predicted_ms": predicted, "error_pct": error(predicted),
+            "no_change_error_pct": error(source_ms), "scaling_error_pct": error(scaling),
+            "true_change_pct": 100 * (measured / source_ms - 1), "noise_pct": _noise_pct(dst)}
+
+
+def _table(results: list[dict]) -> str:
+    header = ("set", "family", "source", "target", "measured ms", "predicted ms", "error %", "no change %",
+              "scaling %", "true change %", "noise %")
+    rows = [header] + [(r["set"], r["family"], r["source"], r["target"], f"{r['measured_ms']:.1f}",
+                        f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}", f"{r['no_change_error_pct']:+.1f}",
+                        f"{r['scaling_error_pct']:+.1f}", f"{r['true_change_pct']:+.1f}", f"{r['noise_pct']:.1f}")
+                       for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _summary(results: list[dict], which: str) -> list[dict]:
+    chosen = [r for r in results if r["set"] == which]
+    if not chosen:
+        return []
+    errors = np.abs([r["error_pct"] for r in chosen])
+    no_change = np.abs([r["no_change_error_pct"] for r in chosen])
+    scaling = np.abs([r["scaling_error_pct"] for r in chosen])
+    large = [r for r in chosen if abs(r["true_change_pct"]) >= 10]
+    halved = sum(abs(r["error_pct"]) <= abs(r["no_change_error_pct"]) / 2 for r in large)
+    scoring = which == "scoring"
+
+    def row(metric: str, value: float, baseline: float, goal: str, met: bool) -> dict:
+        return {"benchmark": "fidelity", "case": f"{which} ({len(chosen)} cases)", "metric": metric, "dpro": value,
+                "baseline": baseline, "ratio": value / baseline if baseline else float("nan"),
+                "goal": goal if scoring else "(tuning: none)", "met": met if scoring else True}
+
+    return [row("mean |error| % (baseline: no change)", float(errors.mean()), float(no_change.mean()), "<= 5",
+                errors.mean() <= 5),
+            row("max |error| % (baseline: no change)", float(errors.max()), float(no_change.max()), "<= 10",
+                errors.max() <= 10),
+            row("mean |error| % (baseline: bytes/bandwidth)", float(errors.mean()), float(scaling.mean()),
+                "below baseline", errors.mean() < scaling.mean()),
+            row(f"cases of >=10% change with error <= half no change's ({len(large)})", float(halved),
+                float(len(large)), f"{len(large)} of {len(large)}", halved == len(large))]
+
+
+def run(quick: bool = False, keep: Path | None = None, log: Callable[[str], None] | None = None) -> list[dict]:
+    """Record the matrix, predict every case, print the per-case table; the summary rows."""
+    from dpro.testing.netns import can_build_namespaces
+
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    reason = can_build_namespaces()
+    if reason:
+        say(f"fidelity: no bandwidth, compression or tuning-bandwidth cases: {reason}")
+    root = keep or Path(tempfile.mkdtemp(prefix="dpro-fidelity-"))
+    configs = _configs(quick, reason is None)
+    for i, config in enumerate(configs.values(), 1):
+        say(f"fidelity: recording {config.name} ({i}/{len(configs)}) into {root}")
+        _record(config, root)
+    results = [_evaluate(case, configs) for case in _cases(configs)]
+    print(_table(results))
+    print("tuning: cases looked at while the model was shaped (GPT, small GPT over 20/80 mbit); "
+          "scoring: the others. Each configuration recorded once.")
+    return _summary(results, "scoring") + _summary(results, "tuning")
