@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -20,7 +21,7 @@ from dpro.graph.reduction import reduce_trace
 from dpro.graph.typical import WAKE_SLACK_NS
 from dpro.replayer.simulate import ReplayError, replay
 
-from .conftest import DATA, assert_one_line_error, dpro
+from .conftest import DATA, JOBS, assert_one_line_error, dpro
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,25 @@ def test_the_recorded_period_is_no_input_of_a_recorded_graphs_replay(run_graph: 
     slower = dataclasses.replace(run_graph, step_ns={r: 1.3 * t for r, t in run_graph.step_ns.items()})
     assert replay(slower).step_ns == replay(run_graph).step_ns
     assert replay(slower, symmetric=False).step_ns == replay(run_graph, symmetric=False).step_ns
+
+
+def test_the_profilers_cost_is_taken_out_of_an_op_heavy_job(tmp_path: Path) -> None:
+    """The replay predicts the steps users run, not the profiled ones: on a job of many tiny ops,
+    whose profiled steps the profiler slows, the calibrated cost per event comes out of the ops.
+    (How near the unprofiled steps that brings the prediction is measured by
+    ``benchmarks/fidelity.py``.)"""
+    run = tmp_path / "run"
+    result = dpro("record", "-o", run, "--skip", "10", "--warmup", "2", "--steps", "8", "--",
+                  sys.executable, JOBS / "op_heavy.py", "40")
+    assert result.returncode == 0, result.stderr
+    analysis = RunAnalysis.open(run)
+    cost = analysis.profiler_cost_ns()[0]["main"]
+    assert cost > 0, "the calibration measured a cost per event"
+    graph = analysis.graph
+    events = graph.nodes["events"].sum()
+    out = json.loads(dpro("replay", run, "--json").stdout)
+    assert out["profiled_step_ms"] > 1.15 * out["measured_step_ms"], out
+    assert out["predicted_step_ms"] < out["profiled_step_ms"] - 0.5 * cost * events / 1e6, out
 
 
 def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:

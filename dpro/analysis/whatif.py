@@ -72,7 +72,7 @@ def predict(analysis: RunAnalysis, change: Change) -> dict[str, Any]:
         ddp = _rebucket(w, analysis, ddp, int(change.bucket_cap_mb * 2 ** 20))
         details["buckets_bytes"] = [b for _, b in ddp]
     if change.compress is not None:
-        _compress(w, analysis, ddp, change.compress)
+        details["compression"] = _compress(w, analysis, ddp, change.compress)
     if change.world_size is not None:
         details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
     if change.bandwidth_scale is not None:
@@ -146,7 +146,9 @@ def _rebucket(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], cap_
     return out
 
 
-def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name: str) -> None:
+def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name: str) -> dict[str, float]:
+    """Apply the hook ``name`` to every DDP all-reduce: its bytes sent per byte of gradient, and
+    its compute per step (ms, from the calibration)."""
     if not ddp:
         _layout(analysis)
         raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
@@ -163,6 +165,7 @@ def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name
         totals[occurrence] = totals.get(occurrence, 0) + b
     for occurrence, b in totals.items():
         w.compress("all_reduce", occurrence, COMPRESSIONS[name], b * per_byte)
+    return {"bytes_ratio": COMPRESSIONS[name], "hook_ms": sum(totals.values()) * per_byte / 1e6}
 
 
 def _world_size(w: WhatIf, analysis: RunAnalysis, world_size: int, ranks_per_host: int | None) -> str:

@@ -20,8 +20,7 @@ class Compression(click.ParamType):
         if value in self.known:
             return value
         if str(value).startswith("powersgd"):
-            self.fail("powersgd is not predicted yet (its low-rank factors need the parameters' shapes, "
-                      "which runs do not record)", param, ctx)
+            self.fail("powersgd is not predicted yet (only fp16 and bf16 are)", param, ctx)
         self.fail(f"{value!r} is not one of {', '.join(self.known)}", param, ctx)
 
 
