@@ -8,8 +8,8 @@ steps, 10 profiled). Families of cases:
   host; each cap predicted from each other cap (``--bucket-cap-mb``).
 - **bandwidth**: the CNN on two namespace hosts whose links are throttled (``tc tbf``) to 50,
   100 and 400 mbit; each rate predicted from each other (``--bandwidth-scale``).
-- **compression**: the CNN at 100 mbit with DDP's fp16 hook, predicted from the run without it
-  (``--compress fp16``).
+- **compression**: the CNN at 100 mbit with DDP's fp16 hook and with PowerSGD of rank 2,
+  predicted from the run without them (``--compress fp16``, ``--compress powersgd:2``).
 - **world size**: the CNN on 4 ranks of one host, predicted from its 2-rank run
   (``--world-size 4 --ranks-per-host 4``).
 
@@ -74,7 +74,8 @@ class Case:
     source: str
     target: str
     change: Change
-    comm_factor: float  # what bytes-over-bandwidth scaling multiplies the communication time by
+    comm_factor: float | None  # what bytes-over-bandwidth scaling multiplies the communication time by
+    # (None: the bytes the hook sends per byte of gradient, as dpro whatif counts them)
     tuning: bool
 
 
@@ -108,8 +109,9 @@ def _configs(quick: bool, namespaces: bool) -> dict[str, Config]:
     if namespaces:
         for rate in RATES_MBIT if not quick else (100, 400):
             out[f"cnn-{rate}mbit"] = Config(f"cnn-{rate}mbit", ARCHS["cnn"], hosts=2, rate_mbit=rate, ranks=1)
-        out["cnn-100mbit-fp16"] = Config("cnn-100mbit-fp16", [*ARCHS["cnn"], "--comm-hook", "fp16"], hosts=2,
-                                         rate_mbit=100, ranks=1)
+        for hook in ("fp16", "powersgd:2"):
+            name = f"cnn-100mbit-{hook.replace(':', '')}"
+            out[name] = Config(name, [*ARCHS["cnn"], "--comm-hook", hook], hosts=2, rate_mbit=100, ranks=1)
         for rate in TUNING_RATES_MBIT:
             out[f"gpt-small-{rate}mbit"] = Config(f"gpt-small-{rate}mbit", SMALL_GPT, hosts=2, rate_mbit=rate, ranks=1)
     return out
@@ -134,8 +136,10 @@ def _cases(configs: dict[str, Config]) -> list[Case]:
                 if src != dst:
                     scale = configs[dst].rate_mbit / configs[src].rate_mbit
                     cases.append(Case("bandwidth", src, dst, Change(bandwidth_scale=scale), 1 / scale, tuning))
-    if "cnn-100mbit" in configs and "cnn-100mbit-fp16" in configs:
-        cases.append(Case("compression", "cnn-100mbit", "cnn-100mbit-fp16", Change(compress="fp16"), 0.5, False))
+    for hook, factor in (("fp16", 0.5), ("powersgd:2", None)):
+        target = f"cnn-100mbit-{hook.replace(':', '')}"
+        if "cnn-100mbit" in configs and target in configs:
+            cases.append(Case("compression", "cnn-100mbit", target, Change(compress=hook), factor, False))
     if "cnn-25mb" in configs:
         ring = (lambda n: 2 * (n - 1) / n)
         cases.append(Case("world size", "cnn-25mb", "cnn-4ranks", Change(world_size=4, ranks_per_host=4),
@@ -164,9 +168,11 @@ def _comm_ms(analysis: RunAnalysis) -> float:
 def _evaluate(case: Case, configs: dict[str, Config]) -> dict:
     src, dst = configs[case.source].analysis, configs[case.target].analysis
     source_ms, measured = _measured_ms(src), _measured_ms(dst)
-    predicted = predict(src, case.change)["predicted_step_ms"]
+    prediction = predict(src, case.change)
+    predicted = prediction["predicted_step_ms"]
+    factor = case.comm_factor if case.comm_factor is not None else prediction["compression"]["bytes_ratio"]
     comm = _comm_ms(src)
-    scaling = source_ms - comm + comm * case.comm_factor
+    scaling = source_ms - comm + comm * factor
 
     def error(x: float) -> float:
         return 100 * (x / measured - 1)

@@ -247,7 +247,8 @@ COMPRESSION_SIZES = (2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20)  # bytes of float32 gra
 def _compression(torch: Any, group_size: int) -> dict[str, list[dict[str, Any]]]:
     """The compute of DDP's fp16 and bf16 compression hooks on a bucket of each size: the cast
     to half precision divided by the group's size, and the copy back into the float32 bucket
-    after the all-reduce (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``)."""
+    after the all-reduce (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``); and
+    the matrix products of its PowerSGD hook (``matmul``)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         rows = []
@@ -259,7 +260,20 @@ def _compression(torch: Any, group_size: int) -> dict[str, list[dict[str, Any]]]
 
             rows.append({"bytes": nbytes, "times_ns": _timed(hook, REPEATS)})
         out[name] = rows
+    out["matmul"] = _matmul_rate(torch)
     return out
+
+
+MATMUL_SHAPE = (1024, 1024, 4)  # a gradient matrix times a low-rank factor, as PowerSGD computes
+
+
+def _matmul_rate(torch: Any) -> list[dict[str, Any]]:
+    """A matrix of a gradient's size times a thin factor (the compute of DDP's PowerSGD hook,
+    ``powerSGD_hook``): ``{"flops", "times_ns"}``."""
+    n, m, r = MATMUL_SHAPE
+    matrix = torch.frombuffer(bytearray(4 * n * m), dtype=torch.float32).view(n, m)
+    factor = torch.frombuffer(bytearray(4 * m * r), dtype=torch.float32).view(m, r)
+    return [{"flops": 2 * n * m * r, "times_ns": _timed(lambda: torch.matmul(matrix, factor), REPEATS)}]
 
 
 def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -147,8 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--comm-hook", choices=("fp16", "bf16"),
-                   help="compress gradients with DDP's fp16 or bf16 communication hook")
+    p.add_argument("--comm-hook", metavar="fp16|bf16|powersgd:RANK",
+                   help="compress gradients with DDP's fp16, bf16 or PowerSGD communication hook")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slow-rank", type=int, help="make this rank a straggler (extra compute every step)")
     p.add_argument("--slow-ms", type=float, default=30.0, help="the straggler's extra compute per step, in ms")
@@ -157,6 +157,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="profile with a bare torch.profiler (skip 10, warm-up 2, 5 steps) into DIR")
     p.add_argument("--profiler-window", default="10,2,5", help="skip,warmup,steps for --torch-profiler")
     return p.parse_args(argv)
+
+
+def register_comm_hook(ddp: DistributedDataParallel, name: str) -> None:
+    """DDP's fp16 or bf16 compression hook, or PowerSGD of the given rank from the second step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name.startswith("powersgd:"):
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(name.split(":")[1]),
+                                            start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return
+    hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    if name not in hooks:
+        raise SystemExit(f"--comm-hook: {name!r} is not fp16, bf16 or powersgd:RANK")
+    ddp.register_comm_hook(None, hooks[name])
 
 
 def bare_profiler(trace_dir: str, window: str, rank: int, cuda: bool) -> torch.profiler.profile:
@@ -201,10 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
                                   bucket_cap_mb=args.bucket_cap_mb)
     if args.comm_hook:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[args.comm_hook]
-        ddp.register_comm_hook(None, hook)
+        register_comm_hook(ddp, args.comm_hook)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
 

@@ -42,6 +42,7 @@ class Param:
     itemsize: int
     dtype: str = "float32"
     device: str = "cpu"
+    shape: tuple[int, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +88,7 @@ def ready_order(layout: dict[str, Any]) -> list[Param]:
     params = []
     for bucket in layout["buckets"]:
         itemsize = bucket["bytes"] // max(bucket["numel"], 1)
-        params += [Param(p["name"], int(p["numel"]), int(itemsize), bucket.get("dtype", "float32"))
+        params += [Param(p["name"], int(p["numel"]), int(itemsize), bucket.get("dtype", "float32"),
+                         shape=tuple(int(d) for d in p.get("shape") or ()))
                    for p in bucket["params"]]
     return params

@@ -25,8 +25,9 @@ def whatif(run: Path, *args: str) -> dict:
     (("--bucket-cap-mb", "0"), "--bucket-cap-mb"),
     (("--bucket-cap-mb", "lots"), "--bucket-cap-mb"),
     (("--bandwidth-scale", "-2"), "--bandwidth-scale"),
-    (("--compress", "zip"), "'zip' is not one of fp16, bf16"),
-    (("--compress", "powersgd:4"), "powersgd is not predicted yet"),
+    (("--compress", "zip"), "'zip' is not one of fp16, bf16, powersgd:RANK"),
+    (("--compress", "powersgd:0"), "a rank of at least 1"),
+    (("--compress", "powersgd:x"), "a rank of at least 1"),
     (("--world-size", "1"), "--world-size"),
     (("--ranks-per-host", "2"), "--ranks-per-host goes with --world-size"),
     (("--world-size", "8"), "inter-host links"),  # recorded on one host: no measured link between hosts
@@ -61,6 +62,10 @@ def test_a_larger_cap_fuses_the_buckets_and_compression_is_applied_to_them(recor
     compressed = whatif(recorded_run, "--bucket-cap-mb", "100", "--compress", "fp16")
     assert compressed["change"] == {"bucket_cap_mb": 100.0, "compress": "fp16"}
     assert compressed["compression"]["bytes_ratio"] == 0.5 and compressed["compression"]["hook_ms"] > 0
+    low_rank = whatif(recorded_run, "--compress", "powersgd:1")["compression"]
+    higher_rank = whatif(recorded_run, "--compress", "powersgd:4")["compression"]
+    assert 0 < low_rank["bytes_ratio"] < higher_rank["bytes_ratio"] < 1, "factors of rank 1 send the least"
+    assert 0 < low_rank["hook_ms"] < higher_rank["hook_ms"]
 
 
 def test_the_table_names_the_change_and_every_rank(recorded_run: Path) -> None:

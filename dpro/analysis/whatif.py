@@ -42,6 +42,7 @@ from dpro.analysis.run import RunAnalysis
 __all__ = ["COMPRESSIONS", "Change", "predict"]
 
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
+MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,11 @@ def predict(analysis: RunAnalysis, change: Change) -> dict[str, Any]:
         ddp = _rebucket(w, analysis, ddp, int(change.bucket_cap_mb * 2 ** 20))
         details["buckets_bytes"] = [b for _, b in ddp]
     if change.compress is not None:
-        details["compression"] = _compress(w, analysis, ddp, change.compress)
+        if change.compress.startswith("powersgd:"):
+            params = _bucket_params(analysis, change.bucket_cap_mb)
+            details["compression"] = _powersgd(w, analysis, ddp, params, int(change.compress.split(":")[1]))
+        else:
+            details["compression"] = _compress(w, analysis, ddp, change.compress)
     if change.world_size is not None:
         details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
     if change.bandwidth_scale is not None:
@@ -166,6 +171,56 @@ def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name
     for occurrence, b in totals.items():
         w.compress("all_reduce", occurrence, COMPRESSIONS[name], b * per_byte)
     return {"bytes_ratio": COMPRESSIONS[name], "hook_ms": sum(totals.values()) * per_byte / 1e6}
+
+
+def _bucket_params(analysis: RunAnalysis, cap_mb: float | None) -> list[list[Any]]:
+    """The parameters of every bucket of the (re-)bucketed job, in all-reduce order."""
+    layout = _layout(analysis)
+    ready = ready_order(layout)
+    if cap_mb is None:
+        sizes = [len(b["params"]) for b in layout["buckets"]]
+        return [ready[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
+    cap = int(cap_mb * 2 ** 20)
+    return rebuilt_buckets(ready, cap, first_bucket_bytes(layout, cap))
+
+
+def _powersgd(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], buckets: list[list[Any]],
+              rank: int) -> dict[str, float]:
+    """DDP's PowerSGD hook of ``rank`` on every bucket (``powerSGD_hook``): each gradient
+    matrix worth compressing (rows x the rest, :data:`MIN_COMPRESSION_RATE` times smaller as
+    factors) is sent as its factors P (rows x rank) and Q (columns x rank), each all-reduced in
+    turn; vectors and the rest are all-reduced as they are first. Three all-reduces per bucket
+    (each paying the fixed cost) of the bytes the hook sends; its matrix products (three per
+    matrix: M Q, M^T P, P Q^T) timed from the calibration's."""
+    if not ddp:
+        _layout(analysis)
+        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
+    rows = [row for c in analysis.calibrations.values()
+            for row in ((c.get("collectives") or {}).get("compression") or {}).get("matmul") or []]
+    if not rows:
+        raise DproError(f"{analysis.root} has no calibration of the PowerSGD hook's compute "
+                        "(recorded with --no-calibrate, or by an older dpro)")
+    ns_per_flop = float(np.median([np.median(r["times_ns"]) / r["flops"] for r in rows]))
+    if len(ddp) != len(buckets):
+        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
+    per_call: dict[int, list[float]] = {}  # occurrence -> [gradient bytes, bytes sent, flops, buckets]
+    for (occurrence, _), bucket in zip(ddp, buckets):
+        totals = per_call.setdefault(occurrence, [0.0, 0.0, 0.0, 0])
+        for p in bucket:
+            n = p.shape[0] if len(p.shape) > 1 else 0
+            m = p.numel // n if n else 0
+            compressed = bool(n) and (n + m) * rank * MIN_COMPRESSION_RATE < n * m
+            totals[0] += p.nbytes
+            totals[1] += (n + m) * rank * p.itemsize if compressed else p.nbytes
+            totals[2] += 3 * 2 * n * m * rank if compressed else 0
+        totals[3] += 1
+    for occurrence, (gradient, sent, flops, count) in per_call.items():
+        w.set_collective_bytes("all_reduce", occurrence, gradient, parts=3 * int(count))
+        w.compress("all_reduce", occurrence, sent / gradient, flops * ns_per_flop)
+    gradient_total = sum(t[0] for t in per_call.values())
+    sent_total = sum(t[1] for t in per_call.values())
+    hook_ns = sum(t[2] for t in per_call.values()) * ns_per_flop
+    return {"bytes_ratio": sent_total / gradient_total, "hook_ms": hook_ns / 1e6}
 
 
 def _world_size(w: WhatIf, analysis: RunAnalysis, world_size: int, ranks_per_host: int | None) -> str:

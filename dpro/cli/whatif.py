@@ -11,17 +11,20 @@ from dpro.cli.options import RUN, analysis_options, ms, open_analysis, table
 
 
 class Compression(click.ParamType):
-    """``fp16`` or ``bf16`` (DDP's compression hooks)."""
+    """``fp16``, ``bf16`` or ``powersgd:RANK`` (DDP's compression hooks)."""
 
-    name = "fp16|bf16"
+    name = "fp16|bf16|powersgd:RANK"
     known = ("fp16", "bf16")
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value in self.known:
             return value
-        if str(value).startswith("powersgd"):
-            self.fail("powersgd is not predicted yet (only fp16 and bf16 are)", param, ctx)
-        self.fail(f"{value!r} is not one of {', '.join(self.known)}", param, ctx)
+        kind, _, rank = str(value).partition(":")
+        if kind == "powersgd":
+            if not rank.isdigit() or int(rank) < 1:
+                self.fail(f"{value!r}: powersgd takes a rank of at least 1 (powersgd:4)", param, ctx)
+            return f"powersgd:{int(rank)}"
+        self.fail(f"{value!r} is not one of fp16, bf16, powersgd:RANK", param, ctx)
 
 
 @click.command()
@@ -30,7 +33,8 @@ class Compression(click.ParamType):
               help="DDP's bucket cap: the buckets rebuilt as DDP would build them.")
 @click.option("--bandwidth-scale", type=click.FloatRange(min=0, min_open=True), metavar="F",
               help="Every link F times as fast as recorded.")
-@click.option("--compress", type=Compression(), help="DDP's fp16 or bf16 compression hook on every bucket.")
+@click.option("--compress", type=Compression(),
+              help="DDP's fp16, bf16 or PowerSGD (of that rank) compression hook on every bucket.")
 @click.option("--world-size", type=click.IntRange(min=2), metavar="N",
               help="The same data-parallel job over N ranks (per-rank batch fixed).")
 @click.option("--ranks-per-host", type=click.IntRange(min=1), metavar="R",
