@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from dpro.collectors.counters import sysfs
@@ -105,14 +106,19 @@ def take_snapshot(root: str | os.PathLike | None = None, *, rdma: Iterable[str] 
     return Snapshot(socket.gethostname(), time.time_ns(), time.monotonic_ns(), values, drivers, notes)
 
 
+def _absent(where: Path, things: str, thing: str, wanted: list[str] | None, found: Collection[str]) -> list[str]:
+    """Notes on what was not found under ``where``: no ``things`` at all (when any would do),
+    or each ``thing`` of ``wanted`` that is missing."""
+    if wanted is None:
+        return [] if found else [f"no {things} under {where}"]
+    return [f"{thing} {name} not found under {where}" for name in wanted if name not in found]
+
+
 def _read_rdma(root: str | os.PathLike | None, devices: Iterable[str] | None, values: dict[CounterKey, int],
                drivers: dict[str, str], notes: list[str]) -> None:
-    where = sysfs.sysfs_dir(root) / "class" / "infiniband"
     wanted = None if devices is None else list(devices)
     ports = sysfs.read_rdma_ports(root, wanted)
-    if wanted is None and not ports:
-        notes.append(f"no RDMA devices under {where}")
-    notes += [f"RDMA device {dev} not found under {where}" for dev in wanted or [] if dev not in ports]
+    notes += _absent(sysfs.sysfs_dir(root) / "class" / "infiniband", "RDMA devices", "RDMA device", wanted, ports)
     for dev, by_port in ports.items():
         driver = sysfs.rdma_driver(root, dev)
         for port, kinds in by_port.items():
@@ -128,12 +134,9 @@ def _read_rdma(root: str | os.PathLike | None, devices: Iterable[str] | None, va
 
 def _read_netdev(root: str | os.PathLike | None, interfaces: Iterable[str] | None, values: dict[CounterKey, int],
                  drivers: dict[str, str], notes: list[str]) -> None:
-    where = sysfs.sysfs_dir(root) / "class" / "net"
     wanted = None if interfaces is None else list(interfaces)
     stats = sysfs.read_netdev_statistics(root, wanted)
-    if wanted is None and not stats:
-        notes.append(f"no network interfaces under {where}")
-    notes += [f"interface {name} not found under {where}" for name in wanted or [] if name not in stats]
+    notes += _absent(sysfs.sysfs_dir(root) / "class" / "net", "network interfaces", "interface", wanted, stats)
     for iface, counters in stats.items():
         if driver := sysfs.netdev_driver(root, iface):
             drivers[iface] = driver
