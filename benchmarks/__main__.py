@@ -13,6 +13,8 @@ import importlib
 import json
 import sys
 
+from dpro.cli.options import table
+
 BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
               "benchmarks.replay_speed", "benchmarks.run_model", "benchmarks.localization",
               "benchmarks.fidelity")
@@ -20,10 +22,8 @@ BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benc
 
 def format_table(rows: list[dict]) -> str:
     header = ("benchmark", "case", "metric", "dpro", "baseline", "ratio", "goal", "met")
-    cells = [header] + [(r["benchmark"], r["case"], r["metric"], f"{r['dpro']:.4g}", f"{r['baseline']:.4g}",
-                         f"{r['ratio']:.3f}x", r["goal"], "yes" if r["met"] else "NO") for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return table([header] + [(r["benchmark"], r["case"], r["metric"], f"{r['dpro']:.4g}", f"{r['baseline']:.4g}",
+                              f"{r['ratio']:.3f}x", r["goal"], "yes" if r["met"] else "NO") for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ import numpy as np
 
 from dpro.analysis import RunAnalysis
 from dpro.analysis.whatif import Change, predict
+from dpro.cli.options import table
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_lm.py"
@@ -153,8 +154,7 @@ def _measured_ms(analysis: RunAnalysis) -> float:
 
 def _noise_pct(analysis: RunAnalysis) -> float:
     """Half the interquartile range of the unprofiled steps over their median, in %."""
-    times = analysis.step_times
-    plain = times[(times["phase"] == "") & (times["step"] > 0)]["dur_ns"].to_numpy(np.float64)
+    plain = analysis.unprofiled_steps["dur_ns"].to_numpy(np.float64)
     q1, q2, q3 = np.percentile(plain, [25, 50, 75])
     return float(50 * (q3 - q1) / q2)
 
@@ -202,22 +202,18 @@ def _compensation(configs: dict[str, Config]) -> list[dict]:
 
 def _compensation_table(rows: list[dict]) -> str:
     header = ("run", "unprofiled ms", "profiled ms", "replay ms", "error %", "profiled %", "noise %")
-    cells = [header] + [(r["run"], f"{r['measured_ms']:.1f}", f"{r['profiled_ms']:.1f}", f"{r['predicted_ms']:.1f}",
-                         f"{r['error_pct']:+.1f}", f"{r['profiled_error_pct']:+.1f}", f"{r['noise_pct']:.1f}")
-                        for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return table([header] + [(r["run"], f"{r['measured_ms']:.1f}", f"{r['profiled_ms']:.1f}",
+                              f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}", f"{r['profiled_error_pct']:+.1f}",
+                              f"{r['noise_pct']:.1f}") for r in rows])
 
 
 def _table(results: list[dict]) -> str:
     header = ("set", "family", "source", "target", "measured ms", "predicted ms", "error %", "no change %",
               "scaling %", "true change %", "noise %")
-    rows = [header] + [(r["set"], r["family"], r["source"], r["target"], f"{r['measured_ms']:.1f}",
-                        f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}", f"{r['no_change_error_pct']:+.1f}",
-                        f"{r['scaling_error_pct']:+.1f}", f"{r['true_change_pct']:+.1f}", f"{r['noise_pct']:.1f}")
-                       for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return table([header] + [(r["set"], r["family"], r["source"], r["target"], f"{r['measured_ms']:.1f}",
+                              f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}", f"{r['no_change_error_pct']:+.1f}",
+                              f"{r['scaling_error_pct']:+.1f}", f"{r['true_change_pct']:+.1f}", f"{r['noise_pct']:.1f}")
+                             for r in results])
 
 
 def _summary(results: list[dict], which: str) -> list[dict]:

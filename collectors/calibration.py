@@ -93,12 +93,7 @@ ROUNDS = 9  # rounds of spans without, then with the profiler
 def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[], int] = time.thread_time_ns) -> float:
     """The median time of ``work`` over ``repeats`` runs, by ``clock`` (default: this thread's CPU
     time, which the other processes sharing the cores do not disturb)."""
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        work()
-        times.append(clock() - start)
-    return float(statistics.median(times))
+    return float(statistics.median(_timed(work, repeats, clock=clock)))
 
 
 def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dict[str, Any]:
@@ -218,14 +213,15 @@ def _ring_send(torch: Any, dist: Any, rank: int, n: int, nbytes: int) -> None:
     sent.wait()
 
 
-def _timed(call: Callable[[], None], repeats: int, before: Callable[[], None] = lambda: None) -> list[int]:
-    """``call``'s time, ``repeats`` times, each after ``before``."""
+def _timed(call: Callable[[], None], repeats: int, before: Callable[[], None] = lambda: None,
+           clock: Callable[[], int] = time.perf_counter_ns) -> list[int]:
+    """``call``'s time by ``clock`` (default: wall time), ``repeats`` times, each after ``before``."""
     times = []
     for _ in range(repeats):
         before()
-        start = time.perf_counter_ns()
+        start = clock()
         call()
-        times.append(time.perf_counter_ns() - start)
+        times.append(clock() - start)
     return times
 
 

@@ -78,7 +78,7 @@ def per_send(fit: CollectiveFit, group_size: int | None = None) -> AlphaBeta:
     """The per-send model of ``fit``'s collective decomposed over ``group_size`` ranks (default:
     the calibrated group)."""
     sends = schedule(fit.coll, group_size or fit.group_size)
-    steps = int(sends.step.max()) + 1 if len(sends.step) else 1
+    steps = sends.steps or 1
     fraction = float(sends.fraction.mean()) if len(sends.fraction) else 1.0
     beta = steps * fraction / fit.ns_per_byte if fit.ns_per_byte > 0 else np.inf
     return AlphaBeta(fit.fixed_ns / steps, float(beta), fit.sizes)

@@ -133,10 +133,10 @@ class WhatIf:
         nodes = self.graph.nodes
         for c in self.graph.collectives.itertuples():
             recorded, scaled = schedule(c.coll, len(c.ranks)), schedule(c.coll, world_size)
-            if not len(recorded.step) or not len(c.sends):
+            if not len(recorded) or not len(c.sends):
                 continue
             sends = np.asarray(c.sends, np.int64)
-            steps = (int(scaled.step.max()) + 1 if len(scaled.step) else 0) / (int(recorded.step.max()) + 1)
+            steps = scaled.steps / recorded.steps
             if sends[0] in self._model_of:
                 key = (c.coll, link_class_)
                 if key not in self.model:

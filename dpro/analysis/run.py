@@ -116,12 +116,16 @@ class RunAnalysis:
         return out[["rank", "step", "dur_ns", "phase"]].astype({"dur_ns": "int64"})
 
     @cached_property
-    def unprofiled_step_ns(self) -> dict[int, float]:
-        """Each rank's median step time outside the profiling window (the steps users run: after
-        step 0, whose start is unknown, and outside every phase dpro marked); NaN where none."""
+    def unprofiled_steps(self) -> pd.DataFrame:
+        """The rows of :attr:`step_times` outside the profiling window: the steps users run (after
+        step 0, whose start is unknown, and outside every phase dpro marked)."""
         times = self.step_times
-        plain = times[(times["phase"] == "") & (times["step"] > 0)]
-        medians = plain.groupby("rank")["dur_ns"].median()
+        return times[(times["phase"] == "") & (times["step"] > 0)]
+
+    @cached_property
+    def unprofiled_step_ns(self) -> dict[int, float]:
+        """Each rank's median step time over :attr:`unprofiled_steps`; NaN where none."""
+        medians = self.unprofiled_steps.groupby("rank")["dur_ns"].median()
         return {r: float(medians.get(r, float("nan"))) for r in self.ranks}
 
     @cached_property

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from dpro.errors import DproError
-from dpro.replayer.buckets import first_bucket_bytes, ready_order, rebuilt_buckets
+from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.linkmodel import calibrated_link_model
 from dpro.replayer.whatif import WhatIf, WhatIfError
@@ -61,22 +61,22 @@ def predict(analysis: RunAnalysis, change: Change) -> dict[str, Any]:
     ``baseline_step_ms`` (measured, unprofiled), ``replayed_step_ms`` (the unchanged replay),
     ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did."""
     graph = analysis.graph
-    calibrated = any((c.get("collectives") or {}).get("collectives") for c in analysis.calibrations.values())
     model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
-    if calibrated:
-        model.update(calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns))))
+    calibrated = calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns)))
+    model.update(calibrated)
     w = WhatIf(graph, model)
     replayed = w.replay().step_ns
     details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives"}
-    ddp = _ddp_buckets(analysis, graph)
-    if change.bucket_cap_mb is not None:
-        ddp = _rebucket(w, analysis, ddp, int(change.bucket_cap_mb * 2 ** 20))
-        details["buckets_bytes"] = [b for _, b in ddp]
-    if change.compress is not None:
-        if change.compress.startswith("powersgd:"):
-            params = _bucket_params(analysis, change.bucket_cap_mb)
-            details["compression"] = _powersgd(w, analysis, ddp, params, int(change.compress.split(":")[1]))
-        else:
+    if change.bucket_cap_mb is not None or change.compress is not None:
+        layout = _layout(analysis)
+        ddp = _ddp_buckets(analysis, graph)
+        buckets = _buckets(layout, change.bucket_cap_mb)
+        if change.bucket_cap_mb is not None:
+            ddp = _rebucket(w, layout, ddp, buckets)
+            details["buckets_bytes"] = [b for _, b in ddp]
+        if change.compress is not None and change.compress.startswith("powersgd:"):
+            details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
+        elif change.compress is not None:
             details["compression"] = _compress(w, analysis, ddp, change.compress)
     if change.world_size is not None:
         details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
@@ -113,26 +113,33 @@ def _layout(analysis: RunAnalysis) -> dict[str, Any]:
 
 def _ddp_buckets(analysis: RunAnalysis, graph: Any) -> list[tuple[int, int]]:
     """(occurrence, bytes) of DDP's bucket all-reduces in the graph, in the order of the recorded
-    buckets (the step's all-reduces whose sizes are the buckets', in a row); empty without DDP."""
+    buckets (the step's all-reduces whose sizes are the buckets', in a row)."""
     sizes = analysis.bucket_bytes()
     table = graph.collectives
-    if not sizes or table.empty:
-        return []
-    reduces = table[table["coll"] == "all_reduce"].sort_values("occurrence")
-    found = reduces["bytes"].to_numpy(np.float64)
+    reduces = table[table["coll"] == "all_reduce"].sort_values("occurrence") if len(table) else table
+    found = reduces["bytes"].to_numpy(np.float64) if len(reduces) else np.empty(0)
     for first in range(len(found) - len(sizes) + 1):
-        if np.allclose(found[first:first + len(sizes)], sizes):
+        if sizes and np.allclose(found[first:first + len(sizes)], sizes):
             return list(zip(reduces["occurrence"].iloc[first:first + len(sizes)].astype(int).tolist(), sizes))
-    return []
+    raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
 
 
-def _rebucket(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], cap_bytes: int) -> list[tuple[int, int]]:
-    """Apply DDP's buckets at ``cap_bytes``; the surviving all-reduces and their new bytes."""
-    layout = _layout(analysis)
-    if not ddp:
-        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
+def _buckets(layout: dict[str, Any], cap_mb: float | None) -> list[list[Param]]:
+    """The parameters of every bucket, in all-reduce order: as recorded, or as DDP builds them
+    for a cap of ``cap_mb``."""
+    ready = ready_order(layout)
+    if cap_mb is None:
+        ends = np.cumsum([len(b["params"]) for b in layout["buckets"]])
+        return [ready[start:end] for start, end in zip(np.r_[0, ends[:-1]], ends)]
+    cap = int(cap_mb * 2 ** 20)
+    return rebuilt_buckets(ready, cap, first_bucket_bytes(layout, cap))
+
+
+def _rebucket(w: WhatIf, layout: dict[str, Any], ddp: list[tuple[int, int]],
+              new: list[list[Param]]) -> list[tuple[int, int]]:
+    """Apply the ``new`` buckets in place of the recorded ones (``ddp``, in the graph): for each
+    new bucket, the all-reduce that now carries it and its bytes."""
     old_of = {p["name"]: i for i, b in enumerate(layout["buckets"]) for p in b["params"]}
-    new = rebuilt_buckets(ready_order(layout), cap_bytes, first_bucket_bytes(layout, cap_bytes))
     ends_in: dict[int, list[int]] = {}
     for bucket in new:
         ends_in.setdefault(old_of[bucket[-1].name], []).append(sum(p.nbytes for p in bucket))
@@ -154,14 +161,7 @@ def _rebucket(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], cap_
 def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name: str) -> dict[str, float]:
     """Apply the hook ``name`` to every DDP all-reduce: its bytes sent per byte of gradient, and
     its compute per step (ms, from the calibration)."""
-    if not ddp:
-        _layout(analysis)
-        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
-    rows = [row for c in analysis.calibrations.values()
-            for row in ((c.get("collectives") or {}).get("compression") or {}).get(name) or []]
-    if not rows:
-        raise DproError(f"{analysis.root} has no calibration of the {name} hook's compute "
-                        "(recorded with --no-calibrate, or by an older dpro)")
+    rows = _calibrated(analysis, name, f"the {name} hook's compute")
     nbytes = np.array([r["bytes"] for r in rows], np.float64)
     ns = np.array([np.median(r["times_ns"]) for r in rows], np.float64)
     per_byte = float(np.sum(nbytes * ns) / np.sum(nbytes * nbytes))
@@ -173,18 +173,17 @@ def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name
     return {"bytes_ratio": COMPRESSIONS[name], "hook_ms": sum(totals.values()) * per_byte / 1e6}
 
 
-def _bucket_params(analysis: RunAnalysis, cap_mb: float | None) -> list[list[Any]]:
-    """The parameters of every bucket of the (re-)bucketed job, in all-reduce order."""
-    layout = _layout(analysis)
-    ready = ready_order(layout)
-    if cap_mb is None:
-        sizes = [len(b["params"]) for b in layout["buckets"]]
-        return [ready[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
-    cap = int(cap_mb * 2 ** 20)
-    return rebuilt_buckets(ready, cap, first_bucket_bytes(layout, cap))
+def _calibrated(analysis: RunAnalysis, part: str, what: str) -> list[dict[str, Any]]:
+    """Every rank's ``compression`` calibration rows of ``part`` (``fp16``, ``matmul``...)."""
+    rows = [row for c in analysis.calibrations.values()
+            for row in ((c.get("collectives") or {}).get("compression") or {}).get(part) or []]
+    if not rows:
+        raise DproError(f"{analysis.root} has no calibration of {what} "
+                        "(recorded with --no-calibrate, or by an older dpro)")
+    return rows
 
 
-def _powersgd(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], buckets: list[list[Any]],
+def _powersgd(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], buckets: list[list[Param]],
               rank: int) -> dict[str, float]:
     """DDP's PowerSGD hook of ``rank`` on every bucket (``powerSGD_hook``): each gradient
     matrix worth compressing (rows x the rest, :data:`MIN_COMPRESSION_RATE` times smaller as
@@ -192,17 +191,8 @@ def _powersgd(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], buck
     turn; vectors and the rest are all-reduced as they are first. Three all-reduces per bucket
     (each paying the fixed cost) of the bytes the hook sends; its matrix products (three per
     matrix: M Q, M^T P, P Q^T) timed from the calibration's."""
-    if not ddp:
-        _layout(analysis)
-        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
-    rows = [row for c in analysis.calibrations.values()
-            for row in ((c.get("collectives") or {}).get("compression") or {}).get("matmul") or []]
-    if not rows:
-        raise DproError(f"{analysis.root} has no calibration of the PowerSGD hook's compute "
-                        "(recorded with --no-calibrate, or by an older dpro)")
+    rows = _calibrated(analysis, "matmul", "the PowerSGD hook's compute")
     ns_per_flop = float(np.median([np.median(r["times_ns"]) / r["flops"] for r in rows]))
-    if len(ddp) != len(buckets):
-        raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
     per_call: dict[int, list[float]] = {}  # occurrence -> [gradient bytes, bytes sent, flops, buckets]
     for (occurrence, _), bucket in zip(ddp, buckets):
         totals = per_call.setdefault(occurrence, [0.0, 0.0, 0.0, 0])
