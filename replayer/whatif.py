@@ -30,7 +30,10 @@ from dpro.graph.collectives import schedule
 from dpro.graph.dataflow import DataflowGraph
 
 from dpro.replayer.cost import AlphaBeta, fit_link_model, link_class
+from dpro.replayer.interference import Interference, overlap, relative_slowdown
 from dpro.replayer.simulate import Replay, Replayer
+
+INTERFERENCE_ROUNDS = 4  # replays that re-time ops for the overlap the previous one found
 
 
 class WhatIfError(DproError):
@@ -40,11 +43,16 @@ class WhatIfError(DproError):
 class WhatIf:
     """A recorded graph and a set of changes to it; each method returns ``self`` to chain."""
 
-    def __init__(self, graph: DataflowGraph, model: dict[tuple[str, str], AlphaBeta] | None = None) -> None:
+    def __init__(self, graph: DataflowGraph, model: dict[tuple[str, str], AlphaBeta] | None = None,
+                 interference: Interference | None = None) -> None:
         """``model``: the per-send link model (default: fitted on the graph's own sends,
         :func:`~dpro.replayer.cost.fit_link_model`; a run's calibration gives a better one,
-        :func:`~dpro.replayer.linkmodel.calibrated_link_model`)."""
+        :func:`~dpro.replayer.linkmodel.calibrated_link_model`). ``interference``: how much
+        compute and communication slow each other where they overlap
+        (:mod:`dpro.replayer.interference`; ``None``: durations do not depend on overlap)."""
         self.graph = graph
+        self.interference = interference
+        self._reference: np.ndarray | None = None  # the recorded configuration's overlap
         self.model = fit_link_model(graph) if model is None else model
         nodes = graph.nodes
         self.durations = nodes["dur_ns"].to_numpy(np.float64).copy()
@@ -175,10 +183,27 @@ class WhatIf:
 
     def replay(self) -> Replay:
         """Replay the graph with the changes made so far. Successive calls on an unchanged
-        structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops."""
+        structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops.
+
+        With ``interference``, ops are then re-timed for the overlap the replay found, against
+        the overlap of the recorded configuration's replay, and replayed again
+        (:data:`INTERFERENCE_ROUNDS` times, each factor after the first the mean of the new one and the last,
+        so that ops that leave and re-enter overlap settle between the two)."""
         if self._replayer is None or self._replayer.graph.edges is not self.edges:
             self._replayer = Replayer(dataclasses.replace(self.graph, edges=self.edges))
-        return self._replayer.replay(self.durations)
+        result = self._replayer.replay(self.durations)
+        if self.interference is None:
+            return result
+        if self._reference is None:
+            recorded = Replayer(self.graph).replay()
+            self._reference = overlap(self.graph, recorded.start_ns, recorded.end_ns, recorded.step_ns)
+        factor: np.ndarray | None = None
+        for _ in range(INTERFERENCE_ROUNDS):
+            found = overlap(self.graph, result.start_ns, result.end_ns, result.step_ns)
+            slowdown = relative_slowdown(self.graph, self.interference, found, self._reference)
+            factor = slowdown if factor is None else (factor + slowdown) / 2
+            result = self._replayer.replay(self.durations * factor)
+        return result
 
     def _collective(self, coll: str, occurrence: int) -> pd.Series:
         table = self.graph.collectives

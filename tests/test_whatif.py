@@ -68,12 +68,21 @@ def test_a_larger_cap_fuses_the_buckets_and_compression_is_applied_to_them(recor
     assert 0 < low_rank["hook_ms"] < higher_rank["hook_ms"]
 
 
+def test_interference_comes_from_the_calibration_and_can_be_left_out(recorded_run: Path) -> None:
+    aware = whatif(recorded_run, "--bucket-cap-mb", "100")
+    assert aware["interference"]["source"] == "calibration"
+    assert aware["interference"]["compute"] >= 0 and aware["interference"]["comm"] >= 0
+    unaware = whatif(recorded_run, "--bucket-cap-mb", "100", "--no-interference")
+    assert unaware["interference"] is None and unaware["baseline_step_ms"] == aware["baseline_step_ms"]
+
+
 def test_the_table_names_the_change_and_every_rank(recorded_run: Path) -> None:
     result = dpro("whatif", recorded_run, "--world-size", "4", "--ranks-per-host", "4")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "change: world-size 4, ranks-per-host 4"
     assert [line.split()[0] for line in lines[2:5]] == ["0", "1", "job"]
+    assert lines[-1].startswith("interference: compute ") and lines[-1].endswith("(from calibration)")
 
 
 @pytest.mark.privileged

@@ -17,6 +17,11 @@ sends timed by the link model fitted on the run's calibration
   over the links of the hosts N ranks need at the recorded ranks per host.
 - **bandwidth scale**: every link that many times as fast.
 
+Compute and communication slow each other where they overlap
+(:mod:`dpro.replayer.interference`): a change that moves communication re-times the ops whose
+overlap it changes, with the slow-downs measured in the run's calibration (for a run recorded
+``--no-calibrate``, the compute slow-down seen in its recorded step, if any).
+
 The prediction is anchored on the recorded configuration: the measured step time users ran
 (the median of the unprofiled steps) times the ratio of the changed replay to the unchanged
 one, so the replay's own error on the recorded configuration is not carried into the answer.
@@ -34,7 +39,9 @@ import numpy as np
 from dpro.errors import DproError
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
+from dpro.replayer.interference import Interference, from_calibration, from_graph, overlap
 from dpro.replayer.linkmodel import calibrated_link_model
+from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
 from dpro.analysis.run import RunAnalysis
@@ -56,17 +63,20 @@ class Change:
     ranks_per_host: int | None = None
 
 
-def predict(analysis: RunAnalysis, change: Change) -> dict[str, Any]:
+def predict(analysis: RunAnalysis, change: Change, interference: bool = True) -> dict[str, Any]:
     """The predicted step time of the recorded job under ``change`` (see the module docstring):
     ``baseline_step_ms`` (measured, unprofiled), ``replayed_step_ms`` (the unchanged replay),
-    ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did."""
+    ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did.
+    ``interference=False`` leaves durations independent of overlap."""
     graph = analysis.graph
     model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
     calibrated = calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns)))
     model.update(calibrated)
-    w = WhatIf(graph, model)
+    slowdown = _interference(analysis) if interference else None
+    w = WhatIf(graph, model, slowdown)
     replayed = w.replay().step_ns
-    details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives"}
+    details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
+                               "interference": None if slowdown is None else asdict(slowdown)}
     if change.bucket_cap_mb is not None or change.compress is not None:
         layout = _layout(analysis)
         ddp = _ddp_buckets(analysis, graph)
@@ -93,6 +103,18 @@ def predict(analysis: RunAnalysis, change: Change) -> dict[str, Any]:
                                                     "unanchored_step_ms")}
     return {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
             "per_rank": per_rank}
+
+
+def _interference(analysis: RunAnalysis) -> Interference | None:
+    """The slow-downs of overlap: the calibration's; for a run recorded without it, the
+    compute slow-down seen in the recorded step (communication's left at 0), if any."""
+    calibrated = from_calibration(analysis.calibrations)
+    if calibrated is not None:
+        return calibrated
+    graph = analysis.graph
+    recorded = replay(graph)
+    seen = from_graph(graph, overlap(graph, recorded.start_ns, recorded.end_ns, recorded.step_ns))
+    return None if seen is None else Interference(seen[0], 0.0, f"the recorded step ({seen[1]} ops)")
 
 
 def _ms(ns: float) -> float | None:

@@ -39,11 +39,13 @@ class Compression(click.ParamType):
               help="The same data-parallel job over N ranks (per-rank batch fixed).")
 @click.option("--ranks-per-host", type=click.IntRange(min=1), metavar="R",
               help="With --world-size: ranks sharing a host (default: as recorded).")
+@click.option("--no-interference", is_flag=True,
+              help="Ops keep their recorded durations whatever their overlap with communication.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None, compress: str | None,
-           world_size: int | None, ranks_per_host: int | None, as_json: bool, scheduler: str | None,
-           workers: int | None) -> None:
+           world_size: int | None, ranks_per_host: int | None, no_interference: bool, as_json: bool,
+           scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
 
@@ -52,7 +54,7 @@ def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None,
     change = Change(bucket_cap_mb, bandwidth_scale, compress, world_size, ranks_per_host)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --bandwidth-scale, --compress or --world-size")
-    result = predict(open_analysis(run, scheduler, workers), change)
+    result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -65,3 +67,7 @@ def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None,
     click.echo(table(rows))
     click.echo("baseline: the median step outside the profiling window; predicted: the baseline times the "
                f"changed replay over the replay as recorded (sends timed by the link model of {result['link_model']})")
+    slowdown = result["interference"]
+    click.echo("interference: " + ("none" if slowdown is None else
+                                   f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "
+                                   f"{100 * slowdown['comm']:+.0f}% beside compute (from {slowdown['source']})"))

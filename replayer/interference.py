@@ -1,0 +1,157 @@
+"""Compute and communication slow each other down where they overlap.
+
+On CPUs, gloo's threads take cores from the job's compute; on GPUs, NCCL's kernels take SMs and
+memory bandwidth from the compute kernels. A recorded op's duration already holds the
+slow-down of the overlap it met in the recording; a change that moves communication (other
+buckets, a faster link, compression) changes that overlap, and so the op's duration.
+
+The model: an op of class ``compute`` (CPU and GPU ops off the communication threads and
+streams) that overlaps communication on its rank for a fraction ``f`` of its time takes
+``1 + s f`` times as long as alone; likewise a send overlapped by compute on either of its
+ranks, with its own ``s``. The slow-downs ``s`` come from the run:
+
+- :func:`from_calibration`: ``dpro record``'s calibration times known work alone and while an
+  all-reduce runs, and the all-reduce alone and while the main thread computes
+  (:mod:`dpro.collectors.calibration`);
+- :func:`from_graph`: the same op (name and profiler events, on the same thread) found in the
+  recorded step both without overlap and fully overlapped: the median ratio of its durations.
+
+:func:`overlap` measures ``f`` on a replayed timeline; :func:`relative_slowdown` turns a change
+of overlap into a factor on each duration (1 where the overlap did not change, so the replay of
+the recorded configuration is left as it was).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpro.graph.dataflow import DataflowGraph
+
+__all__ = ["Interference", "from_calibration", "from_graph", "overlap", "relative_slowdown"]
+
+ALONE, OVERLAPPED = 0.05, 0.95  # an op's overlap fraction to count as without and with overlap
+MIN_PAIRS = 3  # ops found both ways for the recorded step to give the compute slow-down
+
+
+@dataclass(frozen=True)
+class Interference:
+    """Fractional slow-downs: ``compute`` of compute fully overlapped by communication,
+    ``comm`` of communication fully overlapped by compute; ``source`` says where they came from."""
+
+    compute: float
+    comm: float
+    source: str
+
+
+def from_calibration(calibrations: dict[int, dict[str, Any]]) -> Interference | None:
+    """The median over ranks of the calibration's slow-downs (never below 0: a faster run
+    beside communication is noise); ``None`` without a calibration of interference."""
+    rows = [m for c in calibrations.values()
+            if (m := (c.get("collectives") or {}).get("interference")) and m.get("compute_alone_ns")]
+    if not rows:
+        return None
+    compute = np.median([r["compute_beside_comm_ns"] / r["compute_alone_ns"] - 1 for r in rows])
+    comm = np.median([r["comm_beside_compute_ns"] / r["comm_alone_ns"] - 1 for r in rows])
+    return Interference(max(float(compute), 0.0), max(float(comm), 0.0), "calibration")
+
+
+def from_graph(graph: DataflowGraph, fractions: np.ndarray) -> tuple[float, int] | None:
+    """The compute slow-down seen in the recorded step (``fractions``: :func:`overlap` of the
+    recorded timeline): over ops of the same name, profiler events and thread found both
+    alone and overlapped, the median of the ratio of their median durations; with how many
+    such ops there were. ``None`` if fewer than :data:`MIN_PAIRS`."""
+    nodes = graph.nodes
+    compute = _compute_mask(graph)
+    frame = pd.DataFrame({"resource": nodes["resource"].astype(str), "name": nodes["name"].astype(str),
+                          "events": nodes["events"].to_numpy(), "dur": nodes["dur_ns"].to_numpy(np.float64),
+                          "f": fractions})[compute & (nodes["dur_ns"].to_numpy(np.float64) > 0)]
+    keys = ["resource", "name", "events"]
+    alone = frame[frame["f"] <= ALONE].groupby(keys)["dur"].median()
+    together = frame[frame["f"] >= OVERLAPPED].groupby(keys)["dur"].median()
+    both = alone.index.intersection(together.index)
+    if len(both) < MIN_PAIRS:
+        return None
+    return max(float(np.median(together[both] / alone[both])) - 1, 0.0), len(both)
+
+
+def overlap(graph: DataflowGraph, start: np.ndarray, end: np.ndarray, step_ns: dict[int, float]) -> np.ndarray:
+    """Per node, the fraction of its time during which the other class ran on its rank:
+    communication (the sends to and from the rank) for compute, compute (on either end) for
+    a send; 0 for every other node. The timeline is one step: the neighbouring steps are the
+    same shifted by the rank's ``step_ns``."""
+    nodes = graph.nodes
+    ranks = nodes["rank"].to_numpy(np.int64)
+    compute, sends = _compute_mask(graph), (nodes["kind"] == "transfer").to_numpy()
+    peer = _receivers(nodes)
+    out = np.zeros(len(nodes))
+    timed = end > start
+
+    def covered(these: np.ndarray, by: np.ndarray, period: float) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.flatnonzero(these & timed)
+        if not len(ids) or not by.any():
+            return ids, np.zeros(len(ids))
+        s, e = _periodic(start[by], end[by], period)
+        return ids, _covered(s, e, start[ids], end[ids]) / (end[ids] - start[ids])
+
+    for rank, period in step_ns.items():
+        sends_here, compute_here = sends & ((ranks == rank) | (peer == rank)), compute & (ranks == rank)
+        ids, fraction = covered(compute_here, sends_here, period)
+        out[ids] = fraction
+        ids, fraction = covered(sends_here, compute_here, period)  # a send: the more of its two ends
+        out[ids] = np.maximum(out[ids], fraction)
+    return np.clip(out, 0.0, 1.0)
+
+
+def relative_slowdown(graph: DataflowGraph, interference: Interference, fractions: np.ndarray,
+                      reference: np.ndarray) -> np.ndarray:
+    """Per node, its duration at overlap ``fractions`` over its duration at the ``reference``
+    overlap (the recorded configuration's)."""
+    s = np.zeros(len(graph.nodes))
+    s[_compute_mask(graph)] = interference.compute
+    s[(graph.nodes["kind"] == "transfer").to_numpy()] = interference.comm
+    return (1 + s * fractions) / (1 + s * reference)
+
+
+def _compute_mask(graph: DataflowGraph) -> np.ndarray:
+    """CPU and GPU ops off the threads and streams that run collectives."""
+    nodes = graph.nodes
+    kind = nodes["kind"].astype(str)
+    comm = set(nodes.loc[kind == "collective", "resource"].astype(str))
+    return (kind.isin(["cpu", "gpu"]) & ~nodes["resource"].astype(str).isin(comm)).to_numpy()
+
+
+def _receivers(nodes: pd.DataFrame) -> np.ndarray:
+    """The rank a send goes to (-1 for other nodes)."""
+    resource = nodes["resource"].astype(str)
+    link = resource.str.startswith("link/")
+    out = np.full(len(nodes), -1, np.int64)
+    out[link.to_numpy()] = resource[link].str.split("->").str[1].astype(np.int64).to_numpy()
+    return out
+
+
+def _periodic(start: np.ndarray, end: np.ndarray, period: float) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals of one step and of its neighbours, ``period`` before and after."""
+    shifts = np.array([-period, 0.0, period])[:, None]
+    return (start + shifts).ravel(), (end + shifts).ravel()
+
+
+def _covered(start: np.ndarray, end: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
+    """How much of each query interval ``[q_start, q_end]`` the union of the intervals covers."""
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], np.maximum.accumulate(end[order])
+    first = np.r_[True, s[1:] > e[:-1]]  # a merged interval starts where nothing before reaches
+    last = np.r_[np.flatnonzero(first)[1:] - 1, len(s) - 1]
+    merged_start, merged_end = s[first], e[last]
+    before = np.r_[0.0, np.cumsum(merged_end - merged_start)]
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(merged_start, t, side="right")
+        j = np.maximum(i - 1, 0)
+        partial = np.clip(t - merged_start[j], 0.0, merged_end[j] - merged_start[j])
+        return np.where(i > 0, before[j] + partial, 0.0)
+
+    return covered_until(q_end) - covered_until(q_start)
