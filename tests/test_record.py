@@ -301,6 +301,20 @@ def test_gpu_samples_through_nvml(tmp_path: Path) -> None:
     assert gpus[0]["evidence"]["reasons"] == {"software thermal slowdown": 1.0}
 
 
+def _catches_sigint(code: str) -> bool:
+    """Whether a ``python -c`` process running ``code`` has installed a SIGINT handler (Python
+    does so once its interpreter is up)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().split(b"\0")[1:3] == [b"-c", code.encode()]:
+                caught = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("SigCgt"))
+                if int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1)):
+                    return True
+        except (OSError, StopIteration):
+            continue
+    return False
+
+
 def test_job_owns_the_terminal(tmp_path: Path) -> None:
     # A real pseudo-terminal (util-linux `script`): the job reads from it, and Ctrl-C typed on it
     # reaches the job, which dies of SIGINT; dpro then ends the same way (status 130).
@@ -315,9 +329,8 @@ def test_job_owns_the_terminal(tmp_path: Path) -> None:
     interrupted = subprocess.Popen([script, "-qec", job + "'import time; time.sleep(60)'; echo status=$?",
                                     "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not list((tmp_path / "run").glob("nodes/*/counters-start.json")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1)  # the job's interpreter starts and owns the terminal
+    while not _catches_sigint("import time; time.sleep(60)") and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the job's interpreter runs and handles Ctrl-C (a fixed sleep lost the race under load)
     out, _ = interrupted.communicate("\x03", timeout=60)
     assert "KeyboardInterrupt" in out and "status=130" in out, out
     assert open_run(tmp_path / "run").nodes()[0]["signal"] == "SIGINT"
