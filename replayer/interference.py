@@ -13,8 +13,9 @@ ranks, with its own ``s``. The slow-downs ``s`` come from the run:
 - :func:`from_calibration`: ``dpro record``'s calibration times known work alone and while an
   all-reduce runs, and the all-reduce alone and while the main thread computes
   (:mod:`dpro.collectors.calibration`);
-- :func:`from_graph`: the same op (name and profiler events, on the same thread) found in the
-  recorded step both without overlap and fully overlapped: the median ratio of its durations.
+- :func:`from_graph`: ops of one name and number of profiler events on one thread found in
+  the recorded step both without overlap and fully overlapped: the median ratio of their
+  durations (for runs recorded without the calibration).
 
 :func:`overlap` measures ``f`` on a replayed timeline; :func:`relative_slowdown` turns a change
 of overlap into a factor on each duration (1 where the overlap did not change, so the replay of
@@ -60,10 +61,12 @@ def from_calibration(calibrations: dict[int, dict[str, Any]]) -> Interference | 
 
 
 def from_graph(graph: DataflowGraph, fractions: np.ndarray) -> tuple[float, int] | None:
-    """The compute slow-down seen in the recorded step (``fractions``: :func:`overlap` of the
-    recorded timeline): over ops of the same name, profiler events and thread found both
-    alone and overlapped, the median of the ratio of their median durations; with how many
-    such ops there were. ``None`` if fewer than :data:`MIN_PAIRS`."""
+    """The compute slow-down seen in the graph's typical step (``fractions``: :func:`overlap`
+    on its replay as recorded) and how many ops it rests on: over ops keyed by thread, name
+    and profiler events (not input shapes, which the graph does not hold: a forward and a
+    backward op of one name and different sizes may pair) found both alone (overlap <=
+    :data:`ALONE`) and overlapped (>= :data:`OVERLAPPED`), the median ratio of their median
+    durations, less 1, never below 0. ``None`` if fewer than :data:`MIN_PAIRS` such ops."""
     nodes = graph.nodes
     compute = _compute_mask(graph)
     frame = pd.DataFrame({"resource": nodes["resource"].astype(str), "name": nodes["name"].astype(str),

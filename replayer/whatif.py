@@ -33,7 +33,8 @@ from dpro.replayer.cost import AlphaBeta, fit_link_model, link_class
 from dpro.replayer.interference import Interference, overlap, relative_slowdown
 from dpro.replayer.simulate import Replay, Replayer
 
-INTERFERENCE_ROUNDS = 4  # replays that re-time ops for the overlap the previous one found
+INTERFERENCE_ROUNDS = 8  # at most this many replays re-time ops for the overlap the previous one found
+INTERFERENCE_TOLERANCE = 1e-3  # ... and none once no op's factor would move by more than this
 
 
 class WhatIfError(DproError):
@@ -186,21 +187,26 @@ class WhatIf:
         structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops.
 
         With ``interference``, ops are then re-timed for the overlap the replay found, against
-        the overlap of the recorded configuration's replay, and replayed again
-        (:data:`INTERFERENCE_ROUNDS` times, each factor after the first the mean of the new one and the last,
-        so that ops that leave and re-enter overlap settle between the two)."""
+        the overlap of the recorded configuration's replay, and replayed again, until no factor
+        moves by more than :data:`INTERFERENCE_TOLERANCE` (at most :data:`INTERFERENCE_ROUNDS`
+        times; each factor after the first is the mean of the new one and the last, so that ops
+        that leave and re-enter overlap settle between the two)."""
         if self._replayer is None or self._replayer.graph.edges is not self.edges:
             self._replayer = Replayer(dataclasses.replace(self.graph, edges=self.edges))
         result = self._replayer.replay(self.durations)
         if self.interference is None:
             return result
         if self._reference is None:
-            recorded = Replayer(self.graph).replay()
+            unchanged = self.edges is self.graph.edges and \
+                np.array_equal(self.durations, self.graph.nodes["dur_ns"].to_numpy(np.float64))
+            recorded = result if unchanged else Replayer(self.graph).replay()
             self._reference = overlap(self.graph, recorded.start_ns, recorded.end_ns, recorded.step_ns)
         factor: np.ndarray | None = None
         for _ in range(INTERFERENCE_ROUNDS):
             found = overlap(self.graph, result.start_ns, result.end_ns, result.step_ns)
             slowdown = relative_slowdown(self.graph, self.interference, found, self._reference)
+            if factor is not None and np.max(np.abs(slowdown - factor), initial=0.0) <= INTERFERENCE_TOLERANCE:
+                break
             factor = slowdown if factor is None else (factor + slowdown) / 2
             result = self._replayer.replay(self.durations * factor)
         return result

@@ -60,6 +60,24 @@ def test_the_next_steps_communication_counts_too() -> None:
     assert fractions[:3].tolist() == [0.5, 0.75, 1.0]
 
 
+def test_a_send_counts_on_both_of_its_ranks_and_the_next_step_too() -> None:
+    # rank 0 computes 0-10 and 80-100; rank 1 computes 0-10 and sends to rank 0 at 85-105,
+    # i.e. into rank 0's next step, whose first op (0-10, shifted by the period) it covers at 100-105
+    nodes = pd.DataFrame({"rank": [0, 0, 1, 1], "kind": ["cpu", "cpu", "cpu", "transfer"],
+                          "resource": ["r0/cpu/1", "r0/cpu/1", "r1/cpu/1", "link/1->0"],
+                          "name": ["a", "b", "a", "send"], "dur_ns": [10.0, 20.0, 10.0, 20.0],
+                          "offset_ns": [0.0, 80.0, 0.0, 85.0], "coll": [None] * 4, "bytes": [np.nan] * 4,
+                          "events": [1, 1, 1, 0]})
+    graph = DataflowGraph(nodes, pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}),
+                          step_ns={0: 100.0, 1: 100.0})
+    start, end = nodes["offset_ns"].to_numpy(), (nodes["offset_ns"] + nodes["dur_ns"]).to_numpy()
+    fractions = overlap(graph, start, end, graph.step_ns)
+    # rank 0's a: the previous step's send covers -15..5 of it; b: 85-100 of 80-100; rank 1's a:
+    # the send is its own, but its compute at 0-10 meets the previous step's send at -15..5;
+    # the send: rank 0's b covers 85-100 (rank 1 computes nothing then), and the next step's a 100-105
+    assert fractions.tolist() == [0.5, 0.75, 0.5, 1.0]
+
+
 def test_ops_are_re_timed_only_where_a_change_moves_their_overlap() -> None:
     graph = one_rank_graph()
     slow = Interference(compute=1.0, comm=0.5, source="test")

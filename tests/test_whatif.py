@@ -71,9 +71,12 @@ def test_a_larger_cap_fuses_the_buckets_and_compression_is_applied_to_them(recor
 def test_interference_comes_from_the_calibration_and_can_be_left_out(recorded_run: Path) -> None:
     aware = whatif(recorded_run, "--bucket-cap-mb", "100")
     assert aware["interference"]["source"] == "calibration"
-    assert aware["interference"]["compute"] >= 0 and aware["interference"]["comm"] >= 0
     unaware = whatif(recorded_run, "--bucket-cap-mb", "100", "--no-interference")
-    assert unaware["interference"] is None and unaware["baseline_step_ms"] == aware["baseline_step_ms"]
+    assert unaware["interference"] is None
+    # the recorded configuration replays alike either way; only the change is re-timed
+    assert unaware["replayed_step_ms"] == pytest.approx(aware["replayed_step_ms"], rel=1e-12)
+    if aware["interference"]["compute"] > 0 or aware["interference"]["comm"] > 0:
+        assert unaware["unanchored_step_ms"] != aware["unanchored_step_ms"]
 
 
 def test_the_table_names_the_change_and_every_rank(recorded_run: Path) -> None:
