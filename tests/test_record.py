@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -301,20 +302,6 @@ def test_gpu_samples_through_nvml(tmp_path: Path) -> None:
     assert gpus[0]["evidence"]["reasons"] == {"software thermal slowdown": 1.0}
 
 
-def _catches_sigint(code: str) -> bool:
-    """Whether a ``python -c`` process running ``code`` has installed a SIGINT handler (Python
-    does so once its interpreter is up)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().split(b"\0")[1:3] == [b"-c", code.encode()]:
-                caught = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("SigCgt"))
-                if int(caught.split()[1], 16) & (1 << (signal.SIGINT - 1)):
-                    return True
-        except (OSError, StopIteration):
-            continue
-    return False
-
-
 def test_job_owns_the_terminal(tmp_path: Path) -> None:
     # A real pseudo-terminal (util-linux `script`): the job reads from it, and Ctrl-C typed on it
     # reaches the job, which dies of SIGINT; dpro then ends the same way (status 130).
@@ -326,11 +313,10 @@ def test_job_owns_the_terminal(tmp_path: Path) -> None:
                           input="hello\n", capture_output=True, text=True, timeout=60)
     assert "got hello" in read.stdout and "status=0" in read.stdout, read.stdout
     shutil.rmtree(tmp_path / "run")
-    interrupted = subprocess.Popen([script, "-qec", job + "'import time; time.sleep(60)'; echo status=$?",
-                                    "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not _catches_sigint("import time; time.sleep(60)") and time.monotonic() < deadline:
-        time.sleep(0.1)  # until the job's interpreter runs and handles Ctrl-C (a fixed sleep lost the race under load)
+    interrupted = subprocess.Popen([script, "-qec", job + "'import time; print(\"ready\", flush=True); time.sleep(60)'; "
+                                    "echo status=$?", "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # Ctrl-C once the job runs its own code (a fixed wait lost the race on a loaded machine)
+    assert select.select([interrupted.stdout], [], [], 60)[0] and "ready" in interrupted.stdout.readline()
     out, _ = interrupted.communicate("\x03", timeout=60)
     assert "KeyboardInterrupt" in out and "status=130" in out, out
     assert open_run(tmp_path / "run").nodes()[0]["signal"] == "SIGINT"
