@@ -302,6 +302,13 @@ def test_gpu_samples_through_nvml(tmp_path: Path) -> None:
     assert gpus[0]["evidence"]["reasons"] == {"software thermal slowdown": 1.0}
 
 
+def _default_sigint() -> None:
+    """SIGINT's default action, whatever this process inherited: a test runner started in the
+    background of a shell without job control ignores SIGINT, and so would the job (as it
+    would without dpro), which is not what is tested here."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_job_owns_the_terminal(tmp_path: Path) -> None:
     # A real pseudo-terminal (util-linux `script`): the job reads from it, and Ctrl-C typed on it
     # reaches the job, which dies of SIGINT; dpro then ends the same way (status 130).
@@ -314,7 +321,8 @@ def test_job_owns_the_terminal(tmp_path: Path) -> None:
     assert "got hello" in read.stdout and "status=0" in read.stdout, read.stdout
     shutil.rmtree(tmp_path / "run")
     interrupted = subprocess.Popen([script, "-qec", job + "'import time; print(\"ready\", flush=True); time.sleep(60)'; "
-                                    "echo status=$?", "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                    "echo status=$?", "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                   preexec_fn=_default_sigint)
     # Ctrl-C once the job runs its own code (a fixed wait lost the race on a loaded machine)
     assert select.select([interrupted.stdout], [], [], 60)[0] and "ready" in interrupted.stdout.readline()
     out, _ = interrupted.communicate("\x03", timeout=60)
