@@ -28,11 +28,12 @@ bytes-over-bandwidth scaling (the source's step time with its measured communica
 by the change in bytes over bandwidth). The same model without interference (compute and
 communication slowing each other where they overlap) is printed beside it, so that what the
 interference model buys is measured (its slow-downs from the calibration were chosen over
-those seen in the recorded step, and over compute alone, on the tuning cases). The noise floor of each target is the spread (half the
-interquartile range over the median) of its unprofiled steps. Each configuration is recorded
-once: figures are single runs on a shared, noisy machine. Bucket caps under which DDP built
-identical buckets are one configuration recorded several times: their spread, printed as the
-noise floor beside the 5% goal, says how closely one recording can score a prediction here.
+those seen in the recorded step, and over compute alone, on the tuning cases). The noise floor
+of each target is the spread (half the interquartile range over the median) of its unprofiled
+steps. Each configuration is recorded once: figures are single runs on a shared, noisy
+machine. Bucket caps under which DDP built identical buckets are one configuration recorded
+several times: their spread, printed as the noise floor beside the 5% goal, says how closely
+one recording can score a prediction here.
 
     python -m benchmarks fidelity [--quick]
 """
@@ -365,8 +366,7 @@ def _noise_floor(configs: dict[str, Config]) -> list[dict]:
     groups: dict[tuple, list[str]] = {}
     for name, c in configs.items():
         if name.endswith("mb"):
-            layout = [b["bytes"] for b in c.analysis.metas[min(c.analysis.ranks)]["ddp"][0]["buckets"]]
-            groups.setdefault((name.split("-")[0], *layout), []).append(name)
+            groups.setdefault((name.split("-")[0], *c.analysis.bucket_bytes()), []).append(name)
     rows = [(names, [_measured_ms(configs[n].analysis) for n in names]) for names in groups.values() if len(names) > 1]
     if not rows:
         return []
