@@ -145,12 +145,13 @@ def _cases(configs: dict[str, Config], unthrottled: float | None = None) -> list
                 if src != dst:
                     mb = float(dst.split("-")[1].removesuffix("mb"))
                     cases.append(Case("buckets", src, dst, Change(bucket_cap_mb=mb), 1.0, arch == "gpt"))
+    rate_of = (lambda name: _link_bytes_per_ns(configs[name], unthrottled))
     for prefix, tuning in (("cnn-", False), ("gpt-small-", True)):
         rated = [n for n in configs if n.startswith(prefix) and n.endswith(("mbit", "unthrottled"))]
         for src in rated:
             for dst in rated:
                 if src != dst:
-                    scale = _link_bytes_per_ns(configs[dst], unthrottled) / _link_bytes_per_ns(configs[src], unthrottled)
+                    scale = rate_of(dst) / rate_of(src)
                     cases.append(Case("bandwidth", src, dst, Change(bandwidth_scale=scale), 1 / scale, tuning))
     for hook, factor in (("fp16", 0.5), ("powersgd:2", None)):
         target = f"cnn-100mbit-{hook.replace(':', '')}"

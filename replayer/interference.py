@@ -19,7 +19,8 @@ ranks, with its own ``s``. The slow-downs ``s`` come from the run:
 
 :func:`overlap` measures ``f`` on a replayed timeline; :func:`relative_slowdown` turns a change
 of overlap into a factor on each duration (1 where the overlap did not change, so the replay of
-the recorded configuration is left as it was).
+the recorded configuration is left as it was). Both take the graph's :class:`NodeClasses`,
+derived once per graph (a what-if replays it several times).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import pandas as pd
 
 from dpro.graph.dataflow import DataflowGraph
 
-__all__ = ["Interference", "from_calibration", "from_graph", "overlap", "relative_slowdown"]
+__all__ = ["Interference", "NodeClasses", "from_calibration", "from_graph", "overlap", "relative_slowdown"]
 
 ALONE, OVERLAPPED = 0.05, 0.95  # an op's overlap fraction to count as without and with overlap
 MIN_PAIRS = 3  # ops found both ways for the recorded step to give the compute slow-down
@@ -46,6 +47,29 @@ class Interference:
     compute: float
     comm: float
     source: str
+
+
+@dataclass(frozen=True)
+class NodeClasses:
+    """Per node of a graph: its ``rank``, whether it is ``compute`` (CPU and GPU ops off the
+    threads and streams that run collectives) or a ``send``, and the ``receiver`` rank of a
+    send (-1 for other nodes)."""
+
+    rank: np.ndarray
+    compute: np.ndarray
+    send: np.ndarray
+    receiver: np.ndarray
+
+    @classmethod
+    def of(cls, graph: DataflowGraph) -> NodeClasses:
+        nodes = graph.nodes
+        kind, resource = nodes["kind"].astype(str), nodes["resource"].astype(str)
+        comm = set(resource[kind == "collective"])
+        link = resource.str.startswith("link/")
+        receiver = np.full(len(nodes), -1, np.int64)
+        receiver[link.to_numpy()] = resource[link].str.split("->").str[1].astype(np.int64).to_numpy()
+        return cls(nodes["rank"].to_numpy(np.int64), (kind.isin(["cpu", "gpu"]) & ~resource.isin(comm)).to_numpy(),
+                   (kind == "transfer").to_numpy(), receiver)
 
 
 def from_calibration(calibrations: dict[int, dict[str, Any]]) -> Interference | None:
@@ -68,10 +92,9 @@ def from_graph(graph: DataflowGraph, fractions: np.ndarray) -> tuple[float, int]
     :data:`ALONE`) and overlapped (>= :data:`OVERLAPPED`), the median ratio of their median
     durations, less 1, never below 0. ``None`` if fewer than :data:`MIN_PAIRS` such ops."""
     nodes = graph.nodes
-    compute = _compute_mask(graph)
     frame = pd.DataFrame({"resource": nodes["resource"].astype(str), "name": nodes["name"].astype(str),
                           "events": nodes["events"].to_numpy(), "dur": nodes["dur_ns"].to_numpy(np.float64),
-                          "f": fractions})[compute & (nodes["dur_ns"].to_numpy(np.float64) > 0)]
+                          "f": fractions})[NodeClasses.of(graph).compute & (nodes["dur_ns"].to_numpy(np.float64) > 0)]
     keys = ["resource", "name", "events"]
     alone = frame[frame["f"] <= ALONE].groupby(keys)["dur"].median()
     together = frame[frame["f"] >= OVERLAPPED].groupby(keys)["dur"].median()
@@ -81,16 +104,12 @@ def from_graph(graph: DataflowGraph, fractions: np.ndarray) -> tuple[float, int]
     return max(float(np.median(together[both] / alone[both])) - 1, 0.0), len(both)
 
 
-def overlap(graph: DataflowGraph, start: np.ndarray, end: np.ndarray, step_ns: dict[int, float]) -> np.ndarray:
-    """Per node, the fraction of its time during which the other class ran on its rank:
-    communication (the sends to and from the rank) for compute, compute (on either end) for
-    a send; 0 for every other node. The timeline is one step: the neighbouring steps are the
-    same shifted by the rank's ``step_ns``."""
-    nodes = graph.nodes
-    ranks = nodes["rank"].to_numpy(np.int64)
-    compute, sends = _compute_mask(graph), (nodes["kind"] == "transfer").to_numpy()
-    peer = _receivers(nodes)
-    out = np.zeros(len(nodes))
+def overlap(classes: NodeClasses, start: np.ndarray, end: np.ndarray, step_ns: dict[int, float]) -> np.ndarray:
+    """Per node (of the graph ``classes`` describe), the fraction of its time during which the
+    other class ran on its rank: communication (the sends to and from the rank) for compute,
+    compute (on either end) for a send; 0 for every other node. The timeline is one step: the
+    neighbouring steps are the same shifted by the rank's ``step_ns``."""
+    out = np.zeros(len(start))
     timed = end > start
 
     def covered(these: np.ndarray, by: np.ndarray, period: float) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +120,8 @@ def overlap(graph: DataflowGraph, start: np.ndarray, end: np.ndarray, step_ns: d
         return ids, _covered(s, e, start[ids], end[ids]) / (end[ids] - start[ids])
 
     for rank, period in step_ns.items():
-        sends_here, compute_here = sends & ((ranks == rank) | (peer == rank)), compute & (ranks == rank)
+        sends_here = classes.send & ((classes.rank == rank) | (classes.receiver == rank))
+        compute_here = classes.compute & (classes.rank == rank)
         ids, fraction = covered(compute_here, sends_here, period)
         out[ids] = fraction
         ids, fraction = covered(sends_here, compute_here, period)  # a send: the more of its two ends
@@ -109,31 +129,14 @@ def overlap(graph: DataflowGraph, start: np.ndarray, end: np.ndarray, step_ns: d
     return np.clip(out, 0.0, 1.0)
 
 
-def relative_slowdown(graph: DataflowGraph, interference: Interference, fractions: np.ndarray,
+def relative_slowdown(classes: NodeClasses, interference: Interference, fractions: np.ndarray,
                       reference: np.ndarray) -> np.ndarray:
     """Per node, its duration at overlap ``fractions`` over its duration at the ``reference``
     overlap (the recorded configuration's)."""
-    s = np.zeros(len(graph.nodes))
-    s[_compute_mask(graph)] = interference.compute
-    s[(graph.nodes["kind"] == "transfer").to_numpy()] = interference.comm
+    s = np.zeros(len(fractions))
+    s[classes.compute] = interference.compute
+    s[classes.send] = interference.comm
     return (1 + s * fractions) / (1 + s * reference)
-
-
-def _compute_mask(graph: DataflowGraph) -> np.ndarray:
-    """CPU and GPU ops off the threads and streams that run collectives."""
-    nodes = graph.nodes
-    kind = nodes["kind"].astype(str)
-    comm = set(nodes.loc[kind == "collective", "resource"].astype(str))
-    return (kind.isin(["cpu", "gpu"]) & ~nodes["resource"].astype(str).isin(comm)).to_numpy()
-
-
-def _receivers(nodes: pd.DataFrame) -> np.ndarray:
-    """The rank a send goes to (-1 for other nodes)."""
-    resource = nodes["resource"].astype(str)
-    link = resource.str.startswith("link/")
-    out = np.full(len(nodes), -1, np.int64)
-    out[link.to_numpy()] = resource[link].str.split("->").str[1].astype(np.int64).to_numpy()
-    return out
 
 
 def _periodic(start: np.ndarray, end: np.ndarray, period: float) -> tuple[np.ndarray, np.ndarray]:

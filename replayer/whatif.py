@@ -30,7 +30,7 @@ from dpro.graph.collectives import schedule
 from dpro.graph.dataflow import DataflowGraph
 
 from dpro.replayer.cost import AlphaBeta, fit_link_model, link_class
-from dpro.replayer.interference import Interference, overlap, relative_slowdown
+from dpro.replayer.interference import Interference, NodeClasses, overlap, relative_slowdown
 from dpro.replayer.simulate import Replay, Replayer
 
 INTERFERENCE_ROUNDS = 8  # at most this many replays re-time ops for the overlap the previous one found
@@ -53,6 +53,7 @@ class WhatIf:
         (:mod:`dpro.replayer.interference`; ``None``: durations do not depend on overlap)."""
         self.graph = graph
         self.interference = interference
+        self._classes: NodeClasses | None = None  # derived at the first replay with interference
         self._reference: np.ndarray | None = None  # the recorded configuration's overlap
         self.model = fit_link_model(graph) if model is None else model
         nodes = graph.nodes
@@ -197,14 +198,15 @@ class WhatIf:
         if self.interference is None:
             return result
         if self._reference is None:
+            self._classes = NodeClasses.of(self.graph)
             unchanged = self.edges is self.graph.edges and \
                 np.array_equal(self.durations, self.graph.nodes["dur_ns"].to_numpy(np.float64))
             recorded = result if unchanged else Replayer(self.graph).replay()
-            self._reference = overlap(self.graph, recorded.start_ns, recorded.end_ns, recorded.step_ns)
+            self._reference = overlap(self._classes, recorded.start_ns, recorded.end_ns, recorded.step_ns)
         factor: np.ndarray | None = None
         for _ in range(INTERFERENCE_ROUNDS):
-            found = overlap(self.graph, result.start_ns, result.end_ns, result.step_ns)
-            slowdown = relative_slowdown(self.graph, self.interference, found, self._reference)
+            found = overlap(self._classes, result.start_ns, result.end_ns, result.step_ns)
+            slowdown = relative_slowdown(self._classes, self.interference, found, self._reference)
             if factor is not None and np.max(np.abs(slowdown - factor), initial=0.0) <= INTERFERENCE_TOLERANCE:
                 break
             factor = slowdown if factor is None else (factor + slowdown) / 2

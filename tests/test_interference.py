@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from dpro.graph.dataflow import DataflowGraph
-from dpro.replayer.interference import Interference, _covered, from_calibration, from_graph, overlap
+from dpro.replayer.interference import Interference, NodeClasses, _covered, from_calibration, from_graph, overlap
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf
 
@@ -44,7 +44,7 @@ def one_rank_graph() -> DataflowGraph:
 def test_overlap_is_the_share_of_each_op_beside_the_other_kind() -> None:
     graph = one_rank_graph()
     result = replay(graph)
-    fractions = overlap(graph, result.start_ns, result.end_ns, result.step_ns)
+    fractions = overlap(NodeClasses.of(graph), result.start_ns, result.end_ns, result.step_ns)
     # b runs 10-30 beside the send's 15-25; the send runs wholly beside b; the collective's own
     # thread is neither compute nor a send
     assert fractions.tolist() == [0.0, 0.5, 0.0, 1.0, 0.0]
@@ -56,7 +56,7 @@ def test_the_next_steps_communication_counts_too() -> None:
     nodes.loc[3, "dur_ns"] = 90.0  # 15-105: the previous step's send runs until 5
     graph = DataflowGraph(nodes, graph.edges, step_ns=graph.step_ns, start_ns=graph.start_ns, wraps=graph.wraps)
     start, end = nodes["offset_ns"].to_numpy(), (nodes["offset_ns"] + nodes["dur_ns"]).to_numpy()
-    fractions = overlap(graph, start, end, {0: 100.0})
+    fractions = overlap(NodeClasses.of(graph), start, end, {0: 100.0})
     assert fractions[:3].tolist() == [0.5, 0.75, 1.0]
 
 
@@ -71,7 +71,7 @@ def test_a_send_counts_on_both_of_its_ranks_and_the_next_step_too() -> None:
     graph = DataflowGraph(nodes, pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}),
                           step_ns={0: 100.0, 1: 100.0})
     start, end = nodes["offset_ns"].to_numpy(), (nodes["offset_ns"] + nodes["dur_ns"]).to_numpy()
-    fractions = overlap(graph, start, end, graph.step_ns)
+    fractions = overlap(NodeClasses.of(graph), start, end, graph.step_ns)
     # rank 0's a: the previous step's send covers -15..5 of it; b: 85-100 of 80-100; rank 1's a:
     # the send is its own, but its compute at 0-10 meets the previous step's send at -15..5;
     # the send: rank 0's b covers 85-100 (rank 1 computes nothing then), and the next step's a 100-105

@@ -39,7 +39,7 @@ import numpy as np
 from dpro.errors import DproError
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
-from dpro.replayer.interference import Interference, from_calibration, from_graph, overlap
+from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
 from dpro.replayer.linkmodel import calibrated_link_model
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
@@ -113,7 +113,7 @@ def _interference(analysis: RunAnalysis) -> Interference | None:
         return calibrated
     graph = analysis.graph
     recorded = replay(graph)
-    seen = from_graph(graph, overlap(graph, recorded.start_ns, recorded.end_ns, recorded.step_ns))
+    seen = from_graph(graph, overlap(NodeClasses.of(graph), recorded.start_ns, recorded.end_ns, recorded.step_ns))
     return None if seen is None else Interference(seen[0], 0.0, f"the recorded step ({seen[1]} ops)")
 
 
