@@ -3,13 +3,14 @@
 Run by the hooks of :mod:`dpro.collectors.hooks` at two moments, outside every timed step (the
 next step's timing starts after the calibration):
 
-- **Profiler cost** (:func:`profiler_cost`), just before the profiling window: a span of known
-  work (a few training steps of a tiny model: forward, backward, optimizer) timed without a
-  profiler and with one configured as the window's, on the main thread; the cost per profiler
-  event is the difference over the events the profiler recorded. (The profiler follows other
-  threads only through torch's propagated thread-local state, as in gloo's workers and the
-  autograd engine's device threads; on CPU those carry few events, and their cost is taken
-  to be the main thread's.)
+- **Profiler cost** (:func:`profiler_cost`), just before the profiling window: spans of known
+  work (forward passes of a tiny model without autograd; its training steps: forward,
+  backward, optimizer) timed without a profiler and with one configured as the window's, on
+  the main thread; the cost per profiler event is the difference over the events the profiler
+  recorded, priced apart for events inside autograd's backward functions and the others.
+  (The profiler follows other threads only through torch's propagated thread-local state, as
+  in gloo's workers and the autograd engine's device threads; their events are priced as the
+  main thread's of the same class.)
 - **Collectives** (:func:`collectives`), just after the window, in lockstep on every rank (all
   reach the same step): the job's collectives on its default process group at sizes from
   4 KiB up (×4, at most 64 MiB), point-to-point sends around the ranks' ring, and the
@@ -36,8 +37,11 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 SIZES = [4096 * 4 ** k for k in range(9)]  # 4 KiB .. 256 MiB; cut by MAX_BYTES
 MAX_BYTES = 64 * 2 ** 20
@@ -45,6 +49,7 @@ REPEATS = 5
 SLOW_CALL_S = 0.25
 BARRIER_TIMEOUT = timedelta(seconds=20)
 KNOWN_WORK_STEPS = 20  # training steps of a tiny model in one span of known work
+FORWARD_WORK_STEPS = 60  # its forward passes in one span of known forward work
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 __all__ = ["collectives", "profiler_cost", "quietly", "release"]
@@ -71,10 +76,7 @@ def quietly() -> Iterator[None]:
 def _known_work(torch: Any) -> Callable[[], None]:
     """A span of training steps of a tiny model: the kinds of ops a job runs (linear layers,
     activations, a norm, autograd, an optimizer), each a few profiler events."""
-    generator = torch.Generator().manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32))
-    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-    x = torch.randn(16, 32, generator=generator)
+    net, optimizer, x = _tiny_model(torch)
 
     def work() -> None:
         for _ in range(KNOWN_WORK_STEPS):
@@ -86,8 +88,27 @@ def _known_work(torch: Any) -> Callable[[], None]:
     return work
 
 
+def _known_forward_work(torch: Any) -> Callable[[], None]:
+    """A span of the tiny model's forward passes without autograd: ops that are not backward
+    functions, single (an activation) and nesting others (a linear layer's transpose and matmul)."""
+    net, _, x = _tiny_model(torch)
+
+    def work() -> None:
+        with torch.no_grad():
+            for _ in range(FORWARD_WORK_STEPS):
+                net(x).square().mean()
+
+    return work
+
+
+def _tiny_model(torch: Any) -> tuple[Any, Any, Any]:
+    generator = torch.Generator().manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32))
+    return net, torch.optim.SGD(net.parameters(), lr=1e-3), torch.randn(16, 32, generator=generator)
+
+
 SPANS = 9  # spans of known work timed, the median kept
-ROUNDS = 9  # rounds of spans without, then with the profiler
+ROUNDS = 9  # rounds of spans without, then with the profiler, for each known work
 
 
 def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[], int] = time.thread_time_ns) -> float:
@@ -97,30 +118,77 @@ def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[],
 
 
 def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dict[str, Any]:
-    """Cost per profiler event on the main thread: ``{"main": {"per_event_ns", "events",
-    "span_ns", "profiled_span_ns", "rounds_ns"}}`` (events: per span of known work; span: its
-    median CPU time without and with the profiler; rounds: each round's estimate, the median of
-    which is kept). ``make_profiler`` builds a profiler configured as the window's (not started)."""
+    """The profiler's cost per event on the main thread, in two classes of events (what one
+    event costs differs about threefold between them, so one figure misjudges a job whose mix
+    differs from the known work's):
+
+    - ``forward``: events outside backward functions, from spans of forward passes without
+      autograd (:func:`_known_forward_work`);
+    - ``backward``: events inside autograd's backward functions (under an event named
+      :data:`~dpro.run_format.BACKWARD_EVENT_PREFIX`), from spans of training steps
+      (:func:`_known_work`) less their other events at the forward cost.
+
+    Each holds ``per_event_ns`` (the median of ``rounds_ns``, one estimate per round), the
+    ``events`` of its class per span, and the median CPU time of a span without and with the
+    profiler (``span_ns``, ``profiled_span_ns``). ``make_profiler`` builds a profiler configured
+    as the window's (not started)."""
     import torch
 
-    work = _known_work(torch)
-    work()  # warm up the ops' code paths
-    plain, profiled, estimates, events = [_span_ns(work)], [], [], 1.0
+    forward, training = _known_forward_work(torch), _known_work(torch)
+    forward()  # warm up the ops' code paths
+    training()
+    rounds_f, rounds_b, spans_f, spans_t = [], [], [], []
     for _ in range(rounds):
-        profiler = make_profiler()
-        profiler.start()
-        try:
-            profiled.append(_span_ns(work))
-        finally:
-            profiler.stop()
-        plain.append(_span_ns(work))
-        events = max(len(profiler.events()), 1) / SPANS  # only the spans ran ops meanwhile
-        release(profiler)
-        # the plain spans just before and after: a drift of the machine cancels
-        estimates.append((profiled[-1] - (plain[-2] + plain[-1]) / 2) / events)
-    return {"main": {"per_event_ns": max(0.0, float(statistics.median(estimates))), "events": round(events),
-                     "span_ns": float(statistics.median(plain)), "profiled_span_ns": float(statistics.median(profiled)),
-                     "rounds_ns": estimates}}
+        f = _profiled_span(forward, make_profiler)
+        t = _profiled_span(training, make_profiler)
+        per_forward_event = f.extra_ns / max(f.events, 1.0)
+        rounds_f.append(per_forward_event)
+        rounds_b.append((t.extra_ns - per_forward_event * (t.events - t.backward_events)) / max(t.backward_events, 1.0))
+        spans_f.append(f)
+        spans_t.append(t)
+
+    def summary(estimates: list[float], spans: list[_ProfiledSpan], events: float) -> dict[str, Any]:
+        return {"per_event_ns": max(0.0, float(statistics.median(estimates))), "events": round(events),
+                "span_ns": float(statistics.median(s.plain_ns for s in spans)),
+                "profiled_span_ns": float(statistics.median(s.profiled_ns for s in spans)), "rounds_ns": estimates}
+
+    return {"forward": summary(rounds_f, spans_f, spans_f[-1].events),
+            "backward": summary(rounds_b, spans_t, spans_t[-1].backward_events)}
+
+
+@dataclass
+class _ProfiledSpan:
+    plain_ns: float  # the mean of the plain spans just before and after: a drift of the machine cancels
+    profiled_ns: float
+    events: float  # per span
+    backward_events: float  # per span, inside backward functions
+
+    @property
+    def extra_ns(self) -> float:
+        return self.profiled_ns - self.plain_ns
+
+
+def _profiled_span(work: Callable[[], None], make_profiler: Callable[[], Any]) -> _ProfiledSpan:
+    """``work``'s median CPU time without, with, and again without a profiler, and the events
+    the profiler recorded per span."""
+    before = _span_ns(work)
+    profiler = make_profiler()
+    profiler.start()
+    try:
+        profiled = _span_ns(work)
+    finally:
+        profiler.stop()
+    after = _span_ns(work)
+    events = profiler.events()
+    backward = sum(1 for e in events if _outermost(e).name.startswith(BACKWARD_EVENT_PREFIX))
+    release(profiler)
+    return _ProfiledSpan((before + after) / 2, profiled, max(len(events), 1) / SPANS, backward / SPANS)
+
+
+def _outermost(event: Any) -> Any:
+    while event.cpu_parent is not None:
+        event = event.cpu_parent
+    return event
 
 
 def release(profiler: Any) -> None:

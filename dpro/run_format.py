@@ -52,6 +52,9 @@ NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start
 GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
 NCCL_LOG_PATTERN = "%h.%p.log"  # NCCL_DEBUG_FILE: NCCL replaces %h by the host and %p by the pid
 DERIVED = "derived"
+# the profiler events of autograd's backward functions (and every event nested in them) cost
+# the profiler more than other events: calibration.json prices the two classes apart
+BACKWARD_EVENT_PREFIX = "autograd::engine::evaluate_function"
 
 
 class RunFormatError(DproError, ValueError):

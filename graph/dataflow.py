@@ -40,6 +40,7 @@ from dpro.graph.decompose import EDGE_COLUMNS, Matched, decompose
 from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_tables
+from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 __all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces", "text_as_categories"]
 
@@ -193,11 +194,10 @@ def _wraps(nodes: pd.DataFrame, gaps: dict[str, float], base: int) -> pd.DataFra
 
 
 def _without_profiler(nodes: pd.DataFrame, per_event_ns: dict[str, float]) -> np.ndarray:
-    """The nodes' durations less what the profiler cost for the events they span: the main
-    thread's cost on the CPU thread with the most events, the other threads' elsewhere."""
-    cpu = nodes["kind"] == "cpu"
-    main = nodes[cpu].groupby("resource")["events"].sum().idxmax() if cpu.any() else None
-    cost = np.where(nodes["resource"] == main, per_event_ns.get("main", 0.0), per_event_ns.get("other", 0.0))
+    """The nodes' durations less what the profiler cost for the events they span, at the cost
+    of their class: autograd's backward functions (with everything nested in them) or the others."""
+    backward = nodes["name"].astype(str).str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
+    cost = np.where(backward, per_event_ns.get("backward", 0.0), per_event_ns.get("forward", 0.0))
     return np.maximum(nodes["dur_ns"].to_numpy(np.float64) - cost * nodes["events"].to_numpy(np.float64), 0.0)
 
 

@@ -75,7 +75,9 @@ def test_every_step_is_timed(recorded_run: Path) -> None:
         dpro_work = np.isin(steps["step"].iloc[1:].to_numpy(), [1, 3, 4, 5, 6, 7])
         assert (gaps >= 0).all() and (gaps[~dpro_work] < 1_000_000).all(), gaps
         calibration = json.loads((run.rank_dir(rank) / "calibration.json").read_text())
-        assert gaps[steps["step"].iloc[1:].to_numpy() == 3][0] > calibration["profiler"]["main"]["span_ns"]
+        profiler = calibration["profiler"]
+        assert gaps[steps["step"].iloc[1:].to_numpy() == 3][0] > profiler["forward"]["span_ns"] + profiler["backward"]["span_ns"]
+        assert profiler["backward"]["events"] > 0 and profiler["forward"]["events"] > 0, "both classes of events seen"
 
 
 def test_info_json_summarizes_the_run(recorded_run: Path) -> None:

@@ -141,17 +141,16 @@ class RunAnalysis:
         return {r: self.run.calibration(r) for r in self.ranks}
 
     def profiler_cost_ns(self) -> dict[int, dict[str, float]]:
-        """What the profiler cost per event on each rank of a calibrated host: ``{"main": ns,
-        "other": ns}``, the median over the host's ranks (one machine, one cost; each rank's
-        own measurement is disturbed by the others calibrating beside it). The other threads'
-        cost is taken to be the main thread's (see :mod:`dpro.collectors.calibration`)."""
-        measured = {r: float(main["per_event_ns"]) for r, c in self.calibrations.items()
-                    if "per_event_ns" in (main := (c.get("profiler") or {}).get("main") or {})}
+        """What the profiler cost per event on each rank of a calibrated host, by class of event:
+        ``{"forward": ns, "backward": ns}`` (see :func:`dpro.collectors.calibration.profiler_cost`),
+        each the median over the host's ranks (one machine, one cost; each rank's own
+        measurement is disturbed by the others calibrating beside it). Runs calibrated before
+        the classes were priced apart hold one cost for every event (``main``)."""
+        measured = {r: costs for r, c in self.calibrations.items() if (costs := _event_costs(c.get("profiler") or {}))}
         out = {}
         for rank in measured:
             peers = [measured[r] for r in measured if self.hosts[r] == self.hosts[rank]]
-            cost = float(np.median(peers))
-            out[rank] = {"main": cost, "other": cost}
+            out[rank] = {k: float(np.median([p[k] for p in peers])) for k in ("forward", "backward")}
         return out
 
     @property
@@ -284,3 +283,12 @@ class RunAnalysis:
                        {"step_ns": {str(r): v for r, v in result.step_ns.items()},
                         "critical_path": [int(v) for v in result.critical_path]})
         return result
+
+
+def _event_costs(profiler: dict[str, Any]) -> dict[str, float]:
+    """A calibration's cost per event of each class; empty where it has none."""
+    if all("per_event_ns" in (profiler.get(k) or {}) for k in ("forward", "backward")):
+        return {k: float(profiler[k]["per_event_ns"]) for k in ("forward", "backward")}
+    if "per_event_ns" in (profiler.get("main") or {}):
+        return dict.fromkeys(("forward", "backward"), float(profiler["main"]["per_event_ns"]))
+    return {}
