@@ -40,6 +40,7 @@ from dpro.graph.decompose import EDGE_COLUMNS, Matched, decompose
 from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_tables
+from dpro.graph.typical import NESTED_CALL_EDGES
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 __all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces", "text_as_categories"]
@@ -156,10 +157,13 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
         n = rd.step.nodes.assign(rank=r, resource=f"r{r}/" + rd.step.nodes["resource"])
         n["offset_ns"] = n["offset_ns"] + (starts[r] - first)
         wrap_frames.append(_wraps(rd.step.nodes, rd.step.wrap_gaps, base))
+        step_edges = rd.step.edges
         if profiler_ns and r in profiler_ns:
             n["dur_ns"] = _without_profiler(rd.step.nodes, profiler_ns[r])
+            step_edges = _nested_lags_rescaled(step_edges, rd.step.nodes["dur_ns"].to_numpy(np.float64),
+                                               n["dur_ns"].to_numpy(np.float64))
         frames.append(n)
-        edge_frames.append(rd.step.edges.assign(src=rd.step.edges["src"] + base, dst=rd.step.edges["dst"] + base))
+        edge_frames.append(step_edges.assign(src=step_edges["src"] + base, dst=step_edges["dst"] + base))
         base += len(n)
     nodes = pd.concat(frames, ignore_index=True)
     edges = pd.concat(edge_frames, ignore_index=True)
@@ -199,6 +203,16 @@ def _without_profiler(nodes: pd.DataFrame, per_event_ns: dict[str, float]) -> np
     backward = nodes["name"].astype(str).str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
     cost = np.where(backward, per_event_ns.get("backward", 0.0), per_event_ns.get("forward", 0.0))
     return np.maximum(nodes["dur_ns"].to_numpy(np.float64) - cost * nodes["events"].to_numpy(np.float64), 0.0)
+
+
+def _nested_lags_rescaled(edges: pd.DataFrame, recorded_ns: np.ndarray, compensated_ns: np.ndarray) -> pd.DataFrame:
+    """Edges whose nested calls end at the same share of their op's compensated duration as of
+    its recorded one (a lag kept whole would start a call early in a long op before the op)."""
+    nested = edges["kind"].isin(NESTED_CALL_EDGES).to_numpy()
+    src = edges["src"].to_numpy()
+    ratio = np.divide(compensated_ns, recorded_ns, out=np.ones_like(recorded_ns), where=recorded_ns > 0)
+    lag = edges["lag_ns"].to_numpy(np.float64)
+    return edges.assign(lag_ns=np.where(nested, np.round(lag * ratio[src]), lag).astype(np.int64))
 
 
 def _size_and_algorithm(nodes: pd.DataFrame, coll: str, k: int, ids: dict[int, int], bucket_bytes: list[int] | None,

@@ -22,8 +22,11 @@ from dpro.graph.matching import does_work, has_collective_kernels, number
 from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_FAMILIES, SYNC_NAMES,
                                    collective_family)
 
-__all__ = ["NODE_COLUMNS", "RankStep", "typical_step"]
+__all__ = ["NESTED_CALL_EDGES", "NODE_COLUMNS", "RankStep", "typical_step"]
 
+NESTED_CALL_EDGES = ("launch", "enqueue")
+"""Edges from a top-level op to what a call nested in it started: their lag runs from the op's
+end to the nested call's end (negative: the call returned before the op ended)."""
 NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "occurrence", "nbytes",
                 "events"]
 
