@@ -108,7 +108,7 @@ def _tiny_model(torch: Any) -> tuple[Any, Any, Any]:
 
 
 SPANS = 9  # spans of known work timed, the median kept
-ROUNDS = 9  # rounds of spans without, then with the profiler, for each known work
+ROUNDS = 7  # rounds of spans without, then with the profiler, for each known work
 
 
 def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[], int] = time.thread_time_ns) -> float:
@@ -119,7 +119,7 @@ def _span_ns(work: Callable[[], None], repeats: int = SPANS, clock: Callable[[],
 
 def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dict[str, Any]:
     """The profiler's cost per event on the main thread, in two classes of events (what one
-    event costs differs about threefold between them, so one figure misjudges a job whose mix
+    event costs differs about twofold between them, so one figure misjudges a job whose mix
     differs from the known work's):
 
     - ``forward``: events outside backward functions, from spans of forward passes without
@@ -128,7 +128,8 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
       :data:`~dpro.run_format.BACKWARD_EVENT_PREFIX`), from spans of training steps
       (:func:`_known_work`) less their other events at the forward cost.
 
-    Each holds ``per_event_ns`` (the median of ``rounds_ns``, one estimate per round), the
+    Each holds ``per_event_ns`` (the median of ``rounds_ns``, one estimate per round; None for
+    ``backward`` where the profiler saw no backward function), the
     ``events`` of its class per span, and the median CPU time of a span without and with the
     profiler (``span_ns``, ``profiled_span_ns``). ``make_profiler`` builds a profiler configured
     as the window's (not started)."""
@@ -137,31 +138,34 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
     forward, training = _known_forward_work(torch), _known_work(torch)
     forward()  # warm up the ops' code paths
     training()
+    # the same work records the same events: counted once (building the events costs seconds)
+    forward_events, _ = _event_counts(forward, make_profiler)
+    training_events, backward_events = _event_counts(training, make_profiler)
     rounds_f, rounds_b, spans_f, spans_t = [], [], [], []
     for _ in range(rounds):
         f = _profiled_span(forward, make_profiler)
         t = _profiled_span(training, make_profiler)
-        per_forward_event = f.extra_ns / max(f.events, 1.0)
+        per_forward_event = f.extra_ns / max(forward_events, 1)
         rounds_f.append(per_forward_event)
-        rounds_b.append((t.extra_ns - per_forward_event * (t.events - t.backward_events)) / max(t.backward_events, 1.0))
+        if backward_events:
+            rounds_b.append((t.extra_ns - per_forward_event * (training_events - backward_events)) / backward_events)
         spans_f.append(f)
         spans_t.append(t)
 
-    def summary(estimates: list[float], spans: list[_ProfiledSpan], events: float) -> dict[str, Any]:
-        return {"per_event_ns": max(0.0, float(statistics.median(estimates))), "events": round(events),
+    def summary(estimates: list[float], spans: list[_ProfiledSpan], events: int) -> dict[str, Any]:
+        price = max(0.0, float(statistics.median(estimates))) if estimates else None
+        return {"per_event_ns": price, "events": events,
                 "span_ns": float(statistics.median(s.plain_ns for s in spans)),
                 "profiled_span_ns": float(statistics.median(s.profiled_ns for s in spans)), "rounds_ns": estimates}
 
-    return {"forward": summary(rounds_f, spans_f, spans_f[-1].events),
-            "backward": summary(rounds_b, spans_t, spans_t[-1].backward_events)}
+    return {"forward": summary(rounds_f, spans_f, forward_events),
+            "backward": summary(rounds_b, spans_t, backward_events)}
 
 
 @dataclass
 class _ProfiledSpan:
     plain_ns: float  # the mean of the plain spans just before and after: a drift of the machine cancels
     profiled_ns: float
-    events: float  # per span
-    backward_events: float  # per span, inside backward functions
 
     @property
     def extra_ns(self) -> float:
@@ -169,8 +173,7 @@ class _ProfiledSpan:
 
 
 def _profiled_span(work: Callable[[], None], make_profiler: Callable[[], Any]) -> _ProfiledSpan:
-    """``work``'s median CPU time without, with, and again without a profiler, and the events
-    the profiler recorded per span."""
+    """``work``'s median CPU time without, with, and again without a profiler."""
     before = _span_ns(work)
     profiler = make_profiler()
     profiler.start()
@@ -178,11 +181,23 @@ def _profiled_span(work: Callable[[], None], make_profiler: Callable[[], Any]) -
         profiled = _span_ns(work)
     finally:
         profiler.stop()
-    after = _span_ns(work)
+        release(profiler)
+    return _ProfiledSpan((before + _span_ns(work)) / 2, profiled)
+
+
+def _event_counts(work: Callable[[], None], make_profiler: Callable[[], Any]) -> tuple[int, int]:
+    """The events a profiler records over one run of ``work``: all, and those inside backward
+    functions."""
+    profiler = make_profiler()
+    profiler.start()
+    try:
+        work()
+    finally:
+        profiler.stop()
     events = profiler.events()
     backward = sum(1 for e in events if _outermost(e).name.startswith(BACKWARD_EVENT_PREFIX))
     release(profiler)
-    return _ProfiledSpan((before + after) / 2, profiled, max(len(events), 1) / SPANS, backward / SPANS)
+    return len(events), backward
 
 
 def _outermost(event: Any) -> Any:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMAT_NAME = "dpro-run"
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
 

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 
 from dpro.analysis import RunAnalysis
+from dpro.analysis.run import _event_costs
 from dpro.graph.alignment import refine_offsets
-from dpro.graph.dataflow import DataflowGraph, _without_profiler, graph_from_traces
+from dpro.graph.dataflow import DataflowGraph, _nested_lags_rescaled, _without_profiler, graph_from_traces
 from dpro.graph.kineto import load_trace
 from dpro.graph.matching import match
 from dpro.graph.reduction import reduce_trace
@@ -115,7 +116,8 @@ def test_the_profilers_cost_is_taken_out_of_an_op_heavy_job(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     analysis = RunAnalysis.open(run)
     cost = analysis.profiler_cost_ns()[0]
-    assert cost["forward"] > 0 and cost["backward"] > 0, "the calibration priced both classes of events"
+    assert cost["forward"] > 0 and cost["backward"] >= 0
+    assert analysis.calibrations[0]["profiler"]["backward"]["events"] > 0, "the calibration saw backward functions"
     events = analysis.graph.nodes["events"].sum()
     out = json.loads(dpro("replay", run, "--json").stdout)
     assert out["predicted_step_ms"] < out["profiled_step_ms"] - 0.5 * cost["forward"] * events / 1e6, out
@@ -126,6 +128,24 @@ def test_the_profilers_cost_is_priced_by_class_of_event() -> None:
                           "dur_ns": [5000, 5000, 100], "events": [4, 4, 1]})
     durations = _without_profiler(nodes, {"forward": 300.0, "backward": 700.0})
     assert durations.tolist() == [5000 - 4 * 300, 5000 - 4 * 700, 0], "never below zero"
+
+
+def test_a_nested_call_keeps_its_place_inside_its_compensated_op() -> None:
+    """A call nested early in a long op (a collective's enqueue) ends the same share of the op's
+    duration in after the profiler's cost came out: never before the op starts."""
+    edges = pd.DataFrame({"src": [0, 0, 1], "dst": [1, 2, 2], "lag_ns": [-9000, -9000, 500],
+                          "kind": ["order", "enqueue", "launch"]})
+    out = _nested_lags_rescaled(edges, np.array([10_000.0, 0.0, 1_000.0]), np.array([4_000.0, 0.0, 1_000.0]))
+    assert out["lag_ns"].tolist() == [-9000, -3600, 500], "only nested calls' lags follow their op's duration"
+
+
+def test_runs_calibrated_with_one_price_or_no_backward_price_still_compensate() -> None:
+    assert _event_costs({"main": {"per_event_ns": 550.0}}) == {"forward": 550.0, "backward": 550.0}
+    assert _event_costs({"forward": {"per_event_ns": 300.0}, "backward": {"per_event_ns": None}}) == \
+        {"forward": 300.0, "backward": 300.0}
+    assert _event_costs({"forward": {"per_event_ns": 300.0}, "backward": {"per_event_ns": 700.0}}) == \
+        {"forward": 300.0, "backward": 700.0}
+    assert _event_costs({}) == {} and _event_costs({"error": "RuntimeError: x"}) == {}
 
 
 def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:

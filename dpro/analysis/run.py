@@ -287,8 +287,10 @@ class RunAnalysis:
 
 def _event_costs(profiler: dict[str, Any]) -> dict[str, float]:
     """A calibration's cost per event of each class; empty where it has none."""
-    if all("per_event_ns" in (profiler.get(k) or {}) for k in ("forward", "backward")):
-        return {k: float(profiler[k]["per_event_ns"]) for k in ("forward", "backward")}
+    forward = (profiler.get("forward") or {}).get("per_event_ns")
+    if forward is not None:
+        backward = (profiler.get("backward") or {}).get("per_event_ns")
+        return {"forward": float(forward), "backward": float(forward if backward is None else backward)}
     if "per_event_ns" in (profiler.get("main") or {}):
         return dict.fromkeys(("forward", "backward"), float(profiler["main"]["per_event_ns"]))
     return {}
