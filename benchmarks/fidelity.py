@@ -379,9 +379,10 @@ def _compensation_summary(rows: list[dict]) -> list[dict]:
             continue
         errors = np.abs([r["error_pct"] for r in chosen])
         profiled = np.abs([r["profiled_error_pct"] for r in chosen])
-        print(f"{name}: |error| median {np.median(errors):.1f}% (range {errors.min():.1f}-{errors.max():.1f}%), "
-              f"within 10%: {sum(errors <= 10)} of {len(chosen)}; the profiled steps: median {np.median(profiled):.1f}% "
-              f"(range {profiled.min():.1f}-{profiled.max():.1f}%), within 10%: {sum(profiled <= 10)}")
+        print(f"{name}: |error| median {np.median(errors):.1f}% (mean {errors.mean():.1f}%, range {errors.min():.1f}-"
+              f"{errors.max():.1f}%), within 10%: {sum(errors <= 10)} of {len(chosen)}; the profiled steps: median "
+              f"{np.median(profiled):.1f}% (mean {profiled.mean():.1f}%, range {profiled.min():.1f}-{profiled.max():.1f}%),"
+              f" within 10%: {sum(profiled <= 10)}")
         out.append({"benchmark": "fidelity", "case": f"replay as recorded: {name} ({len(chosen)} runs)",
                     "metric": "median |error| % vs unprofiled steps (baseline: profiled steps)",
                     "dpro": float(np.median(errors)), "baseline": float(np.median(profiled)),
