@@ -12,7 +12,7 @@ ending at the node of ``r`` that ends last in the predicted step. Each stretch o
 - ``waiting``: ops and gaps of other ranks (``r`` was waiting for a slower rank to arrive);
 - ``idle``: gaps between ``r``'s own ops on the path (scheduling, Python overhead, latency).
 
-The stretches add up to the path's span, from its first node to its end.
+The stretches add up to the path's span, from its first node to its end; none is negative.
 
     >>> breakdown(graph, replay(graph), rank=0)            # doctest: +SKIP
     {'rank': 0, 'span_ms': 81.2, 'compute_ms': 60.1, 'communication_ms': 12.3, ...}
@@ -55,11 +55,16 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
     start, end = result.start_ns, result.end_ns
     totals = dict.fromkeys(CATEGORIES, 0.0)
     launch_bound = _launch_bound(path, kinds, edge_kind, result.cause_edge)
+    frontier = start[path[0]]
     for i, v in enumerate(path):
         # v's stretch runs from its start to the next node's start (a launched kernel may start
-        # before its launching op ends: the op's stretch ends there); past v's end, it is a gap
-        upto = start[path[i + 1]] if i + 1 < len(path) else end[v]
-        took, gap = min(end[v], upto) - start[v], max(upto - end[v], 0.0)
+        # before its launching op ends: the op's stretch ends there); past v's end, it is a gap.
+        # Stretches never run backwards: a node the path reaches through a negative lag (a
+        # thread that woke before its collective's recorded end) starts at the frontier.
+        begin = max(start[v], frontier)
+        upto = max(start[path[i + 1]] if i + 1 < len(path) else end[v], begin)
+        took, gap = max(min(end[v], upto) - begin, 0.0), max(upto - max(end[v], begin), 0.0)
+        frontier = upto
         mine = ranks[v] == owner
         if kinds[v] == "transfer":
             totals["communication"] += took
@@ -70,7 +75,7 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
         if gap > 0:
             after = path[i + 1] if i + 1 < len(path) else v
             totals["idle" if mine and ranks[after] == owner else "waiting"] += gap
-    span = end[path[-1]] - start[path[0]]
+    span = frontier - start[path[0]]
     return {"rank": owner, "span_ms": float(span) / 1e6, **{f"{k}_ms": float(v) / 1e6 for k, v in totals.items()},
             "nodes": len(path)}
 

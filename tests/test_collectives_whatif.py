@@ -14,7 +14,7 @@ from dpro.graph.collectives import kernel_algorithm, nccl_log_algorithms, schedu
 from dpro.analysis import RunAnalysis
 from dpro.graph.dataflow import DataflowGraph
 from dpro.graph.decompose import Matched, decompose
-from dpro.replayer.breakdown import CATEGORIES, breakdown
+from dpro.replayer.breakdown import CATEGORIES, breakdown, rank_critical_path
 from dpro.replayer.cost import fit_alpha_beta
 from dpro.replayer.simulate import Replayer, replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
@@ -159,3 +159,19 @@ def test_breakdown_tells_a_gpu_starved_by_its_cpu() -> None:
     graph = DataflowGraph(nodes, edges, step_ns={0: 305.0})
     parts = breakdown(graph, replay(graph, copies=1), 0)
     assert parts["launch_bound_ms"] * 1e6 == pytest.approx(295.0) and parts["compute_ms"] * 1e6 == pytest.approx(10.0)
+
+
+def test_breakdown_never_runs_backwards_through_a_thread_that_woke_early() -> None:
+    # Rank 0's main thread (a, then b) waits for a send (c), but woke 40 ns before the send's
+    # recorded end: b, next on the critical path after c, starts before c did.
+    nodes = pd.DataFrame({"rank": 0, "kind": ["cpu", "cpu", "transfer"],
+                          "resource": ["r0/cpu/1", "r0/cpu/1", "link/0-1"], "name": ["a", "b", "send"],
+                          "dur_ns": [10.0, 60.0, 30.0], "offset_ns": [0.0, 60.0, 70.0], "coll": None, "bytes": np.nan})
+    edges = pd.DataFrame({"src": [0, 0, 2], "dst": [1, 2, 1], "lag_ns": [0, 60, -40], "kind": ["order", "order", "wait"]})
+    graph = DataflowGraph(nodes, edges, step_ns={0: 130.0})
+    result = replay(graph, copies=1)
+    assert result.start_ns[1] < result.start_ns[2] and rank_critical_path(graph, result, 0) == [0, 2, 1], \
+        "b, on the critical path after the send it waited for, starts before it"
+    parts = breakdown(graph, result, 0)
+    assert all(parts[f"{c}_ms"] >= 0 for c in CATEGORIES), parts
+    assert sum(parts[f"{c}_ms"] for c in CATEGORIES) == pytest.approx(parts["span_ms"])
