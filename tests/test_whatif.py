@@ -99,7 +99,8 @@ def test_a_faster_link_predicts_the_speed_up_of_a_job_bound_by_it(tmp_path: Path
     with NetnsCluster(2, rates={0: "20mbit", 1: "20mbit"}) as cluster:
         results = record_across_hosts(cluster, run, [EXAMPLE, "--steps", "20", *SMALL_LM],
                                       record_args=("--skip", "6", "--warmup", "1", "--steps", "4"), timeout=300)
-    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    assert all(r.returncode == 0 for r in results), "\n".join(  # whole, not a list pytest would cut
+        f"--- host {i}: exit {r.returncode}\n{r.stderr[-4000:]}" for i, r in enumerate(results))
     same = whatif(run, "--bandwidth-scale", "1")
     faster = whatif(run, "--bandwidth-scale", "4")
     assert same["predicted_step_ms"] == pytest.approx(same["baseline_step_ms"], rel=1e-9)
