@@ -1,8 +1,9 @@
 """A background sampler of the job's TCP connections (``ss -tinH``), per node.
 
 Gloo, NCCL's socket transport and the rendezvous store talk over TCP; the kernel keeps, per
-connection, the bytes acknowledged, the time spent with data in flight (``busy``), the RTT and
-retransmissions. Sampled every ``interval_s`` in the ``dpro record`` process (the job pays
+connection, the bytes acknowledged, the time spent with data to send (``busy``) and how much of
+it the receiver's window (``rwnd_limited``) or the sender's own buffer (``sndbuf_limited``)
+held the connection back rather than the network, the RTT and retransmissions. Sampled every ``interval_s`` in the ``dpro record`` process (the job pays
 nothing) and appended to a CSV as they come, they give each connection's sending rate while it
 was busy: the per-connection statistics C4 localizes slow NICs and links from.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from dpro.collectors.sampling import CsvSampler
 
 COLUMNS = ("time_ns", "pid", "local", "peer", "bytes_acked", "bytes_received", "busy_ms", "rtt_ms",
-           "min_rtt_ms", "delivery_rate_bps", "retrans_total")
+           "min_rtt_ms", "delivery_rate_bps", "retrans_total", "rwnd_limited_ms", "sndbuf_limited_ms")
 
 # "[State] Recv-Q Send-Q Local Peer [users:((...))]" (no state column when ss filters by state)
 _SOCKET = re.compile(r"^(?:[A-Z][A-Z-]*\s+)?\d+\s+\d+\s+(?P<local>\S+)\s+(?P<peer>\S+)(?:\s+users:\(\((?P<users>.*)\)\))?")
@@ -29,6 +30,7 @@ _FIELDS = {
     "busy_ms": re.compile(r"\bbusy:(\d+)ms"), "rtt_ms": re.compile(r"\brtt:([\d.]+)/"),
     "min_rtt_ms": re.compile(r"\bminrtt:([\d.]+)"), "delivery_rate_bps": re.compile(r"\bdelivery_rate (\d+)bps"),
     "retrans_total": re.compile(r"\bretrans:\d+/(\d+)"),
+    "rwnd_limited_ms": re.compile(r"\brwnd_limited:(\d+)ms"), "sndbuf_limited_ms": re.compile(r"\bsndbuf_limited:(\d+)ms"),
 }
 
 

@@ -32,6 +32,14 @@ def test_parse_ss_output_captured_on_this_machine(name: str) -> None:
     assert int(receiver["bytes_received"]) >= 6553600
 
 
+def test_parse_the_time_a_receiver_held_the_sender_back() -> None:
+    # Captured with `ss -tinpH state established` while a reader took 64 KB every 10 ms
+    sockets = parse_ss((FIXTURES / "rwnd-limited.txt").read_text())
+    sender = next(s for s in sockets if s["bytes_acked"])
+    assert sender["busy_ms"] == "1004" and sender["rwnd_limited_ms"] == "836"
+    assert sender["sndbuf_limited_ms"] == "", "ss omits a limit that never held"
+
+
 def test_descendants_of_a_process_tree() -> None:
     import os
     import subprocess
@@ -85,6 +93,38 @@ def test_a_slow_host_in_a_ring_of_connections(tmp_path: Path) -> None:
     assert matrix is not None and matrix.hosts == list(ips)
     suspects = connection_suspects(open_run(tmp_path))
     assert [s.host for s in suspects] == ["h2"] and suspects[0].evidence["source"] == "the job's TCP connections"
+
+
+def test_a_connections_rate_is_its_bulk_intervals_less_the_time_its_receiver_held_it(tmp_path: Path) -> None:
+    node = tmp_path / "nodes" / "h0-1"
+    node.mkdir(parents=True)
+    (node / "node.json").write_text(json.dumps({"host": "h0"}))
+    rows = [",".join(COLUMNS)]
+    acked, busy, rwnd = 0, 0, 0
+    for t in range(12):
+        if t % 2:  # bulk: 8 MB at 400 Mb/s, after the receiver held the sender back for 100 ms
+            acked, busy, rwnd = acked + (8 << 20), busy + 8 * 8 * (1 << 20) / 400e3 + 100, rwnd + 100
+        else:  # small messages: 64 KB spread over 50 ms of latency
+            acked, busy = acked + (64 << 10), busy + 50
+        rows.append(f"{t},1,10.0.0.1:4000,10.0.0.2:29500,{acked},0,{busy:.0f},0.1,0.05,1000,0,{rwnd or ''},")
+    (node / "connections.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.2"}))
+    (row,) = connection_rates(open_run(tmp_path)).itertuples()
+    assert row.intervals == 6 and row.limited_ms == 600
+    assert row.rate_bps == pytest.approx(400e6, rel=0.01)
+    assert row.bytes * 8 / (row.busy_ms / 1e3) < 300e6, "the average over the whole job is pulled down"
+
+
+def test_a_few_fast_connections_do_not_make_a_healthy_host_a_suspect() -> None:
+    # Measured on the 4-namespace cluster of test_diagnose_cluster (h2's link at 40 Mb/s, 2 CPU
+    # cores for 4 ranks): the healthy links ran from 170 Mb/s to 10 Gb/s. Once h2 is peeled, h0
+    # is left to be judged against h1 -> h3 alone, and one fast probe is no baseline.
+    mbps = np.array([[np.nan, 170.7, 38.5, 527.2],
+                     [2259.5, np.nan, 36.1, 10066.8],
+                     [np.nan, 34.9, np.nan, 35.2],
+                     [2308.0, np.nan, 36.4, np.nan]])
+    suspects = analyze(from_matrix(mbps * 1e6, ["h0", "h1", "h2", "h3"]))
+    assert [(s.kind, s.host) for s in suspects] == [("host", "h2")]
 
 
 def test_small_matrices_need_a_clear_separation() -> None:

@@ -14,6 +14,8 @@ from dpro.anomaly.engines import get_engine
 from dpro.anomaly.engines.base import Endpoint, Workload
 from dpro.anomaly.fabric.pairwise import measure, write_probes
 from dpro.anomaly.fabric.probes import analyze, read_probes
+from dpro.anomaly.run.connections import connection_rates
+from dpro.run_format import open_run
 from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
 from .conftest import EXAMPLE, dpro
@@ -47,7 +49,8 @@ def test_the_recorded_run_names_the_throttled_host_first(cluster_run: tuple[Path
     out = dpro("diagnose", run_dir, "--json")
     assert out.returncode == 0, out.stderr
     suspects = json.loads(out.stdout)["suspects"]
-    assert suspects and suspects[0]["host"] == throttled, suspects[:3]
+    rates = connection_rates(open_run(run_dir)).drop(columns=["local_ip"]).to_string()
+    assert suspects and suspects[0]["host"] == throttled, f"{suspects[:3]}\n{rates}"
     assert suspects[0]["kind"] in ("host", "nic") and suspects[0]["evidence"]["source"] == "the job's TCP connections"
     assert suspects[0]["evidence"]["ranks"] == [THROTTLED], "the rank that ran there"
 

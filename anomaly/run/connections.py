@@ -2,9 +2,14 @@
 ``dpro record`` takes on every node (``nodes/<node>/connections.csv``, see
 :mod:`dpro.collectors.connections`).
 
-A connection's rate is the bytes it had acknowledged over the time it was busy sending, between
-its first and last sample: what the network gave it while it had data to send, whatever the
-job's own pauses. Connections within a host (loopback) say nothing of the network and are left
+A connection's rate is what the network gave it while it moved bulk data: between two samples
+(500 ms apart), the bytes it had acknowledged over the time the network held it back, which is
+the kernel's ``busy`` time (data to send) less the time the receiver's window (a receiver too busy
+to read) or the sender's own buffer limited it; the connection's rate is the median over the
+intervals that moved at least :data:`BULK_BYTES`. Over a whole job, small messages and hosts whose
+CPUs are too loaded to process acknowledgements at once pull a connection's average down to its
+latency (a healthy link measured 75 Mb/s where its bulk intervals ran at 170 Mb/s and more); a
+throttled link stays at its rate in every interval. Connections within a host (loopback) say nothing of the network and are left
 out. The matrix (sender host × receiver host: the median rate of their connections) is judged
 like a matrix of probes (:func:`dpro.anomaly.fabric.probes.analyze`): a host whose sends and receives
 are all slow is a suspect, passively, with no traffic of dpro's own.
@@ -26,6 +31,8 @@ from dpro.anomaly.suspects import Suspect
 
 MIN_BYTES = 1 << 20  # a connection that moved less says nothing of its link
 HEAVY_SHARE = 0.1  # nor one that moved less than this share of the busiest: its rate is its latency
+BULK_BYTES = 256 << 10  # nor does an interval between two samples that moved less
+LIMITED_COLUMNS = ("rwnd_limited_ms", "sndbuf_limited_ms")  # absent in runs before dpro sampled them
 
 
 def _ip(endpoint: str) -> str:
@@ -38,34 +45,52 @@ def _ip(endpoint: str) -> str:
 
 def connection_rates(run: Run) -> pd.DataFrame:
     """One row per connection of the job that moved at least :data:`MIN_BYTES` and
-    :data:`HEAVY_SHARE` of the busiest connection's bytes (the collectives' traffic): ``host``
-    (the recording node's), ``local_ip``, ``peer_ip``, ``bytes``, ``busy_ms``, ``rate_bps``
-    (bits per second while busy), ``rtt_ms`` (median), ``retrans`` (during the job)."""
+    :data:`HEAVY_SHARE` of the busiest connection's bytes (the collectives' traffic) and had a
+    bulk interval: ``host`` (the recording node's), ``local_ip``, ``peer_ip``, ``bytes``,
+    ``busy_ms``, ``limited_ms`` (of it, held back by the receiver's window or the send buffer),
+    ``intervals`` (bulk ones), ``rate_bps`` (their median rate), ``rtt_ms`` (median), ``retrans``
+    (during the job)."""
     frames = []
     for host, (path,) in run.node_files(CONNECTIONS_FILE):
         samples = pd.read_csv(path)
         if samples.empty:
             continue
-        samples = samples.sort_values("time_ns")
-        per = samples.groupby(["pid", "local", "peer"])
-        frame = pd.DataFrame({
-            "bytes": per["bytes_acked"].max() - per["bytes_acked"].min(),
-            "busy_ms": per["busy_ms"].max() - per["busy_ms"].min(),
-            "rtt_ms": per["rtt_ms"].median(),
-            "retrans": per["retrans_total"].max().fillna(0) - per["retrans_total"].min().fillna(0),
-        }).reset_index()
-        frame["host"] = host
-        frames.append(frame)
-    columns = ["host", "local_ip", "peer_ip", "bytes", "busy_ms", "rate_bps", "rtt_ms", "retrans"]
+        frames.append(_per_connection(samples).assign(host=host))
+    columns = ["host", "local_ip", "peer_ip", "bytes", "busy_ms", "limited_ms", "intervals", "rate_bps", "rtt_ms",
+               "retrans"]
     if not frames:
         return pd.DataFrame(columns=columns)
     rates = pd.concat(frames, ignore_index=True)
     heavy = max(MIN_BYTES, HEAVY_SHARE * rates["bytes"].max())
-    rates = rates[(rates["bytes"] >= heavy) & (rates["busy_ms"] > 0)].copy()
+    rates = rates[(rates["bytes"] >= heavy) & (rates["intervals"] > 0)].copy()
     rates["local_ip"] = rates["local"].map(_ip)
     rates["peer_ip"] = rates["peer"].map(_ip)
-    rates["rate_bps"] = 8 * rates["bytes"] / (rates["busy_ms"] / 1e3)
     return rates[columns].reset_index(drop=True)
+
+
+def _per_connection(samples: pd.DataFrame) -> pd.DataFrame:
+    """One node's samples → one row per connection (``pid``, ``local``, ``peer`` and the
+    figures of :func:`connection_rates`)."""
+    samples = samples.sort_values("time_ns")
+    limited = sum(samples[c].fillna(0) if c in samples else 0 for c in LIMITED_COLUMNS)  # ss omits a zero
+    samples = samples.assign(limited_ms=limited, network_ms=samples["busy_ms"] - limited)
+    keys = ["pid", "local", "peer"]
+    per = samples.groupby(keys)
+    moved = per["bytes_acked"].diff()
+    # ss prints busy time in whole milliseconds: round each interval up, so that a short burst
+    # on a fast link is not taken for an infinite rate
+    seconds = (per["network_ms"].diff().clip(lower=0) + 1) / 1e3
+    bulk = samples.assign(rate_bps=8 * moved / seconds)[moved >= BULK_BYTES].groupby(keys)["rate_bps"]
+    frame = pd.DataFrame({
+        "bytes": per["bytes_acked"].max() - per["bytes_acked"].min(),
+        "busy_ms": per["busy_ms"].max() - per["busy_ms"].min(),
+        "limited_ms": per["limited_ms"].max() - per["limited_ms"].min(),
+        "intervals": bulk.size(),
+        "rate_bps": bulk.median(),
+        "rtt_ms": per["rtt_ms"].median(),
+        "retrans": per["retrans_total"].max().fillna(0) - per["retrans_total"].min().fillna(0),
+    })
+    return frame.fillna({"intervals": 0}).astype({"intervals": np.int64}).reset_index()
 
 
 def connection_matrix(rates: pd.DataFrame) -> Probes | None:
