@@ -13,7 +13,8 @@ next step's timing starts after the calibration):
   main thread's of the same class.)
 - **Collectives** (:func:`collectives`), just after the window, in lockstep on every rank (all
   reach the same step): the job's collectives on its default process group at sizes from
-  4 KiB up (×4, at most 64 MiB), point-to-point sends around the ranks' ring, and the
+  4 KiB up (×4, at most 64 MiB), point-to-point sends around the ranks' ring, plain TCP
+  streams around it (the links' own rate, :mod:`dpro.collectors.link_rate`), and the
   interference between compute and communication (known work alone and while an all-reduce
   runs, an all-reduce alone and while the main thread computes), and the compute of DDP's
   fp16 and bf16 compression hooks. Every timed call starts
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from dpro.collectors.link_rate import ring_streams
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 SIZES = [4096 * 4 ** k for k in range(9)]  # 4 KiB .. 256 MiB; cut by MAX_BYTES
@@ -234,14 +236,14 @@ def collectives(rank: int, world_size: int) -> dict[str, Any]:
     found = job_store("calibration")
     if found is None:
         return {"skipped": "no rendezvous store to meet at"}
-    store, _ = found
+    store, address = found
     store.set(f"ready/{rank}", "1")
     try:
         store.wait([f"ready/{r}" for r in range(world_size)], BARRIER_TIMEOUT)
     except Exception as e:  # a rank that will not come: nobody calibrates, nobody waits
         return {"skipped": f"not every rank reached the calibration ({type(e).__name__})"}
     group_size = dist.get_world_size()
-    rows, p2p, notes = [], [], []
+    rows, p2p, links, notes = [], [], [], []
     for coll in COLLECTIVES:
         run = _collective(torch, dist, coll, group_size)
         try:
@@ -251,7 +253,12 @@ def collectives(rank: int, world_size: int) -> dict[str, Any]:
     if group_size > 1:
         p2p = _sweep(torch, dist, lambda nbytes: _ring_send(torch, dist, rank, group_size, nbytes),
                      {"src": rank, "dst": (rank + 1) % group_size})
-    return {"collectives": rows, "p2p": p2p, "interference": _interference(torch, dist, rows),
+        _together(torch, dist)
+        try:
+            links = [ring_streams(store, address.rsplit(":", 1)[0], rank, group_size)]
+        except Exception as e:  # a rank that cannot listen or reach its neighbour: no wire rate
+            notes.append(f"link streams: {type(e).__name__}: {e}".splitlines()[0][:200])
+    return {"collectives": rows, "p2p": p2p, "links": links, "interference": _interference(torch, dist, rows),
             "compression": _compression(torch, group_size), "notes": notes}
 
 

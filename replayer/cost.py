@@ -23,17 +23,23 @@ from dpro.graph.dataflow import DataflowGraph
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """``alpha_ns + bytes / beta_bytes_per_ns``, fitted on ``points`` sends."""
+    """``alpha_ns + bytes / beta_bytes_per_ns``, fitted on ``points`` sends. ``wire_bytes_per_ns``:
+    the link's own rate, where it was measured; of the time per byte, the wire takes at most
+    ``1 / wire_bytes_per_ns`` and the host (copies, the backend's threads) the rest."""
 
     alpha_ns: float
     beta_bytes_per_ns: float
     points: int
+    wire_bytes_per_ns: float | None = None
 
     def time_ns(self, nbytes: float | np.ndarray, bandwidth_factor: float | np.ndarray = 1.0,
                 messages: float | np.ndarray = 1.0) -> float | np.ndarray:
         """The time of a send of ``nbytes`` as ``messages`` messages (each pays the latency) on
-        a link ``bandwidth_factor`` times as fast."""
-        return messages * self.alpha_ns + nbytes / (self.beta_bytes_per_ns * bandwidth_factor)
+        a link ``bandwidth_factor`` times as fast: only the wire's share of the time per byte
+        scales (all of it where the link's rate is unknown)."""
+        per_byte = 1 / self.beta_bytes_per_ns
+        wire = per_byte if self.wire_bytes_per_ns is None else min(per_byte, 1 / self.wire_bytes_per_ns)
+        return messages * self.alpha_ns + nbytes * (per_byte - wire + wire / bandwidth_factor)
 
 
 def link_class(graph: DataflowGraph, ranks: list[int]) -> str:

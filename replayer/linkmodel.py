@@ -10,6 +10,8 @@ The replay's unit is a send of the collective's algorithm (:func:`dpro.graph.col
 a ring all-reduce over ``n`` ranks is ``2(n-1)`` steps, each sending ``B/n``. The fit becomes a
 per-send :class:`~dpro.replayer.cost.AlphaBeta` with ``alpha = a / steps`` and
 ``beta = steps * fraction / b``, so that the algorithm's sends add up to the measured call.
+The calibration's TCP streams between ranks give the links' own rate (:func:`wire_rates`): the
+share of ``b`` a faster or slower link changes.
 
     >>> model = calibrated_link_model(calibrations, link_class="intra")    # doctest: +SKIP
     >>> model[("all_reduce", "intra")].time_ns(2**20)                       # doctest: +SKIP
@@ -17,6 +19,7 @@ per-send :class:`~dpro.replayer.cost.AlphaBeta` with ``alpha = a / steps`` and
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +30,9 @@ from dpro.graph.collectives import schedule
 
 from dpro.replayer.cost import AlphaBeta
 
-__all__ = ["CollectiveFit", "calibrated_link_model", "fit_collectives", "per_send"]
+__all__ = ["CollectiveFit", "calibrated_link_model", "fit_collectives", "per_send", "wire_rates"]
+
+LINK_PERCENTILE = 90
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,30 @@ def per_send(fit: CollectiveFit, group_size: int | None = None) -> AlphaBeta:
     return AlphaBeta(fit.fixed_ns / steps, float(beta), fit.sizes)
 
 
-def calibrated_link_model(calibrations: dict[int, dict[str, Any]], link_class: str) -> dict[tuple[str, str], AlphaBeta]:
+def calibrated_link_model(calibrations: dict[int, dict[str, Any]], link_class: str,
+                          rank_hosts: dict[int, str] | None = None) -> dict[tuple[str, str], AlphaBeta]:
     """The per-send model of every calibrated collective, for the run's ``link_class`` (the
-    class of its default process group: ``intra`` on one host, else ``inter``)."""
-    return {(coll, link_class): per_send(fit) for coll, fit in fit_collectives(calibrations).items()}
+    class of its default process group: ``intra`` on one host, else ``inter``), with the
+    measured rate of the links of that class (:func:`wire_rates`) where ``rank_hosts`` tells."""
+    wire = wire_rates(calibrations, rank_hosts).get(link_class) if rank_hosts else None
+    return {(coll, link_class): dataclasses.replace(per_send(fit), wire_bytes_per_ns=wire)
+            for coll, fit in fit_collectives(calibrations).items()}
+
+
+def wire_rates(calibrations: dict[int, dict[str, Any]], rank_hosts: dict[int, str]) -> dict[str, float]:
+    """Bytes per ns of the links between ranks, per class (``intra``: both ranks on one host,
+    ``inter``): the median over the class's links of the calibration's TCP streams, each at the
+    :data:`LINK_PERCENTILE` th percentile of its rate over its whole windows. What a link can
+    carry is the most a stream got through it (as BBR estimates a path's bandwidth: the highest
+    delivery rate it saw); a short stream through a shaped queue spends much of its time
+    recovering from losses (at 20 Mb/s, half of a stream ran at 5 Mb/s while its cwnd grew
+    back), and a percentile short of the maximum leaves out a shaper's first burst."""
+    rates: dict[str, list[float]] = defaultdict(list)
+    for calibration in calibrations.values():
+        for link in (calibration.get("collectives") or {}).get("links") or []:
+            src, dst = rank_hosts.get(int(link["src"])), rank_hosts.get(int(link["dst"]))
+            whole = link.get("window_bytes", [])[:-1]  # the last window is partial
+            if src and dst and whole and max(whole) > 0:
+                rates["intra" if src == dst else "inter"].append(float(np.percentile(whole, LINK_PERCENTILE)) /
+                                                                  link["window_ns"])
+    return {cls: float(np.median(r)) for cls, r in rates.items()}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dpro.analysis import RunAnalysis
+from dpro.replayer.linkmodel import wire_rates
 from dpro.run_format import open_run
 from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
@@ -101,6 +103,9 @@ def test_a_faster_link_predicts_the_speed_up_of_a_job_bound_by_it(tmp_path: Path
                                       record_args=("--skip", "6", "--warmup", "1", "--steps", "4"), timeout=300)
     assert all(r.returncode == 0 for r in results), "\n".join(  # whole, not a list pytest would cut
         f"--- host {i}: exit {r.returncode}\n{r.stderr[-4000:]}" for i, r in enumerate(results))
+    analysis = RunAnalysis(open_run(run))
+    wire = wire_rates(analysis.calibrations, analysis.hosts)
+    assert set(wire) == {"inter"} and 0.7 < wire["inter"] * 8e3 / 20 < 1.3, "the calibration's streams found tc's rate"
     same = whatif(run, "--bandwidth-scale", "1")
     faster = whatif(run, "--bandwidth-scale", "4")
     assert same["predicted_step_ms"] == pytest.approx(same["baseline_step_ms"], rel=1e-9)

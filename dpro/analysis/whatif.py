@@ -15,7 +15,9 @@ sends timed by the link model fitted on the run's calibration
   compute (the cast and the copy back, timed in calibration).
 - **world size**: every collective as its algorithm runs over N ranks (per-rank work fixed),
   over the links of the hosts N ranks need at the recorded ranks per host.
-- **bandwidth scale**: every link that many times as fast.
+- **bandwidth scale**: every link that many times as fast. Where the calibration timed the
+  links with plain TCP streams, only the wire's share of a send's time per byte scales; the
+  host's (the backend's copies and threads, what makes gloo slower than the link) stays.
 
 Compute and communication slow each other where they overlap
 (:mod:`dpro.replayer.interference`): a change that moves communication re-times the ops whose
@@ -40,7 +42,7 @@ from dpro.errors import DproError
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
-from dpro.replayer.linkmodel import calibrated_link_model
+from dpro.replayer.linkmodel import calibrated_link_model, wire_rates
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
@@ -70,12 +72,14 @@ def predict(analysis: RunAnalysis, change: Change, interference: bool = True) ->
     ``interference=False`` leaves durations independent of overlap."""
     graph = analysis.graph
     model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
-    calibrated = calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns)))
+    calibrated = calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns)), analysis.hosts)
     model.update(calibrated)
+    wires = wire_rates(analysis.calibrations, analysis.hosts)
     slowdown = _interference(analysis) if interference else None
     w = WhatIf(graph, model, slowdown)
     replayed = w.replay().step_ns
     details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
+                               "link_mbit_s": {cls: round(rate * 8e3, 1) for cls, rate in sorted(wires.items())},
                                "interference": None if slowdown is None else asdict(slowdown)}
     if change.bucket_cap_mb is not None or change.compress is not None:
         layout = _layout(analysis)

@@ -67,6 +67,10 @@ def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None,
     click.echo(table(rows))
     click.echo("baseline: the median step outside the profiling window; predicted: the baseline times the "
                f"changed replay over the replay as recorded (sends timed by the link model of {result['link_model']})")
+    links = result["link_mbit_s"]
+    click.echo("links: " + (", ".join(f"{cls} {rate:g} Mb/s" for cls, rate in links.items()) +
+                            " (TCP streams in calibration; a bandwidth scale changes the wire's share of a send)"
+                            if links else "rate not measured (a bandwidth scale changes a send's whole time per byte)"))
     slowdown = result["interference"]
     click.echo("interference: " + ("none" if slowdown is None else
                                    f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "
