@@ -30,6 +30,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from dpro.collectors.apply import Applier, from_environment
 from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, ERRORS_FILE, META_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS,
                              STEPS_FILE, TRACE_FILE, early_errors_file, rank_dir, write_json_atomic)
 
@@ -69,8 +70,9 @@ class _Window:
 class _Recorder:
     """The state of dpro in one process of the job."""
 
-    def __init__(self, run_dir: Path, window: _Window, calibrate: bool = True) -> None:
+    def __init__(self, run_dir: Path, window: _Window, calibrate: bool = True, applier: Applier | None = None) -> None:
         self.run_dir = run_dir
+        self.applier = applier
         self.window = window
         self.calibrate = calibrate
         self.calibration: dict[str, Any] = {}
@@ -129,7 +131,7 @@ class _Recorder:
 
         assert self.rank_dir is not None
         metadata.write_rank_metadata(self.rank_dir / META_FILE, self.window_options(),
-                                     list(self.ddp_modules))
+                                     list(self.ddp_modules), self.applier.report() if self.applier else None)
 
     def window_options(self) -> dict[str, int]:
         w = self.window
@@ -346,6 +348,8 @@ def _on_torch_imported(torch: Any) -> None:
             _wrap_after(dist, "init_process_group", lambda *a: _on_process_group_ready())
             from torch.nn.parallel import DistributedDataParallel
 
+            if rec.applier is not None:
+                rec.applier.install(DistributedDataParallel, rec.log_error)
             _wrap_after(DistributedDataParallel, "__init__", lambda ddp, *a: _on_ddp_created(ddp))
         atexit.register(_at_exit)
     except Exception as e:
@@ -380,7 +384,8 @@ def install() -> None:
     run_dir = Path(os.environ[ENV_RUN_DIR])
     window = _Window(int(os.environ.get(ENV_SKIP, 10)), int(os.environ.get(ENV_WARMUP, 2)),
                      int(os.environ.get(ENV_STEPS, 5)))
-    _recorder = _Recorder(run_dir, window, calibrate=os.environ.get(ENV_CALIBRATE, "1") != "0")
+    _recorder = _Recorder(run_dir, window, calibrate=os.environ.get(ENV_CALIBRATE, "1") != "0",
+                          applier=from_environment())
     if "torch" in sys.modules:
         _on_torch_imported(sys.modules["torch"])
     else:

@@ -111,11 +111,13 @@ def ddp_layout(ddp: Any) -> dict[str, Any]:
             "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
             "static_graph": getattr(ddp, "static_graph", False),
             "has_rebuilt_buckets": bool(logging.get("has_rebuilt_buckets", 0)),
+            "comm_hook": logging.get("comm_hook") or None,
             "buckets": buckets}
 
 
-def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules: list[Any]) -> None:
-    """Write this rank's ``meta.json``."""
+def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules: list[Any],
+                        applied: dict[str, Any] | None = None) -> None:
+    """Write this rank's ``meta.json``; ``applied``: what ``dpro record --apply`` did."""
     import torch.distributed as dist
 
     rank, world_size = rank_and_world_size()
@@ -131,6 +133,8 @@ def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules
         "ddp": [_section(ddp_layout, m) for m in ddp_modules],
         "environment": redact_environment(os.environ),
     }
+    if applied is not None:
+        meta["applied"] = applied
     write_json_atomic(path, meta)
 
 

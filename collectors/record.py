@@ -8,6 +8,7 @@ dpro ends the way the job ended: with its exit code, or killed by the same signa
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro.collectors import hooks
+from dpro.collectors.apply import ENV_APPLY
 from dpro.collectors.connections import ConnectionSampler
 from dpro.collectors.counters import Snapshot, take_snapshot
 from dpro.collectors.counters.sysfs import SYSFS_ROOT_ENV
@@ -48,6 +50,7 @@ class RecordOptions:
     gpu_interval_s: float = 0.1
     sysfs_root: str | None = None
     calibrate: bool = True
+    apply: dict[str, Any] | None = None  # a strategy file's content (dpro record --apply)
 
 
 def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
@@ -74,7 +77,7 @@ def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
         else:
             raise RecordError(f"{out} exists and is not empty; use --force to replace it, or --join "
                               f"to add this node to a run being recorded")
-    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate")}
+    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate", "apply")}
     return create_manifest(out, new_manifest(command, options, time.time_ns()))
 
 
@@ -86,6 +89,8 @@ def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[s
     env[hooks.ENV_SKIP], env[hooks.ENV_WARMUP], env[hooks.ENV_STEPS] = (
         str(opts.skip), str(opts.warmup), str(opts.steps))
     env[hooks.ENV_CALIBRATE] = "1" if opts.calibrate else "0"
+    if opts.apply is not None:
+        env[ENV_APPLY] = json.dumps(opts.apply["settings"])
     if opts.sysfs_root:
         env[SYSFS_ROOT_ENV] = opts.sysfs_root
     if "NCCL_DEBUG" in base:

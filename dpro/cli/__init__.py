@@ -69,6 +69,8 @@ class LazyGroup(click.Group):
     "info": "dpro.cli.info:info",
     "replay": "dpro.cli.replay:replay",
     "whatif": "dpro.cli.whatif:whatif",
+    "optimize": "dpro.cli.optimize:optimize",
+    "compare": "dpro.cli.compare:compare",
     "critical-path": "dpro.cli.replay:critical_path",
     "diagnose": "dpro.cli.diagnose:diagnose",
     "anomaly": "dpro.cli.anomaly:anomaly",

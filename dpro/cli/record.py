@@ -46,9 +46,13 @@ def _default_run_name(prefix: str) -> Path:
 @click.option("--no-calibrate", is_flag=True,
               help="Skip the calibration: the profiler's cost before the window, the job's collectives "
                    "at several sizes after it (a few seconds).")
+@click.option("--apply", "strategy", type=click.Path(dir_okay=False, path_type=Path), metavar="STRATEGY.json",
+              help="Run the job with a strategy of `dpro optimize` (its bucket cap and communication hook), "
+                   "without changing the script.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool, join: bool,
-           gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, command: tuple[str, ...]) -> None:
+           gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, strategy: Path | None,
+           command: tuple[str, ...]) -> None:
     """Run COMMAND and record every rank of the training job it starts.
 
     \b
@@ -63,12 +67,23 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
     from dpro.collectors.record import RecordOptions, exit_like
     from dpro.collectors.record import record as record_job
 
+    applied = _strategy_file(strategy) if strategy is not None else None
     opts = RecordOptions(output=output or _default_run_name("dpro-run"), skip=skip, warmup=warmup,
                          steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
-                         sysfs_root=sysfs_root, calibrate=not no_calibrate)
+                         sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied)
     status = record_job(list(command), opts)
     _report_recording(opts.output)
     sys.exit(exit_like(status))
+
+
+def _strategy_file(path: Path) -> dict[str, Any]:
+    """A strategy file's content, with its settings checked (one-line errors)."""
+    import json
+
+    from dpro.optimizer.strategy import read_strategy
+
+    strategy = read_strategy(path)
+    return {**json.loads(path.read_text()), "settings": strategy.settings, "name": strategy.name}
 
 
 def _report_recording(run_dir: Path) -> None:
@@ -88,6 +103,26 @@ def _report_recording(run_dir: Path) -> None:
                        f"(the job went on); see {run_dir}/ranks/{r['rank']}/errors.log", err=True)
     for path in sorted(run_dir.glob("errors-*.log")):
         click.echo(f"dpro: warning: dpro's hooks failed before a rank was known; see {path}", err=True)
+    _report_applied(summary["per_rank"], run_dir)
+
+
+def _report_applied(ranks: list[dict[str, Any]], run_dir: Path) -> None:
+    """Say what ``--apply`` applied, and warn about what it could not."""
+    from dpro.run_format import open_run
+
+    run = open_run(run_dir)
+    if not (run.manifest.get("options") or {}).get("apply"):
+        return
+    for r in ranks:
+        applied = run.rank_meta(r["rank"]).get("applied") or {}
+        done, left = applied.get("applied") or [], applied.get("left_out") or []
+        if done:
+            click.echo(f"dpro: rank {r['rank']}: applied {', '.join(dict.fromkeys(done))}", err=True)
+        elif not left:
+            click.echo(f"dpro: warning: rank {r['rank']}: nothing applied (the job built no "
+                       "DistributedDataParallel module)", err=True)
+        for item in dict.fromkeys(left):
+            click.echo(f"dpro: warning: rank {r['rank']}: left out {item}", err=True)
 
 
 @click.command()

@@ -1,0 +1,62 @@
+"""Two recorded runs side by side (``dpro compare``): step times, the measured speed-up, the
+prediction the second run's strategy carried (``dpro record --apply``) against what it measured,
+and where the step's time moved (the critical path's breakdown of both replays)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from dpro.replayer.breakdown import CATEGORIES, breakdown
+from dpro.replayer.simulate import replay
+
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["compare"]
+
+
+def compare(a: RunAnalysis, b: RunAnalysis) -> dict[str, Any]:
+    """``{"a", "b", "speedup", "prediction", "breakdown"}``: each run's step time (the median of
+    its ranks' unprofiled medians, ms), ``a``'s over ``b``'s; ``prediction``: the strategy ``b``
+    was recorded with, its predicted step time and the error against ``b``'s measured one (null
+    when ``b`` was recorded without ``--apply``); ``breakdown``: ms per category of the critical
+    path, the mean over ranks, for each run."""
+    step_a, step_b = _step_ms(a), _step_ms(b)
+    strategy = (b.run.manifest.get("options") or {}).get("apply")
+    prediction = None
+    if strategy:
+        predicted = strategy.get("predicted_step_ms")
+        prediction = {"strategy": strategy.get("name"), "settings": strategy.get("settings"),
+                      "baseline_step_ms": strategy.get("baseline_step_ms"), "predicted_step_ms": predicted,
+                      "error_pct": 100 * (predicted / step_b - 1) if predicted and step_b == step_b else None,
+                      "applied": _applied(b)}
+    return {"a": {"run": str(a.root), "step_ms": step_a, "steps": _count(a)},
+            "b": {"run": str(b.root), "step_ms": step_b, "steps": _count(b)},
+            "speedup": step_a / step_b if step_b and not math.isnan(step_b) else None,
+            "prediction": prediction,
+            "breakdown": {"a": _breakdown(a), "b": _breakdown(b)}}
+
+
+def _step_ms(analysis: RunAnalysis) -> float:
+    medians = [v for v in analysis.unprofiled_step_ns.values() if v == v]
+    return float(np.median(medians)) / 1e6 if medians else float("nan")
+
+
+def _count(analysis: RunAnalysis) -> int:
+    return int(analysis.unprofiled_steps["dur_ns"].count())
+
+
+def _applied(analysis: RunAnalysis) -> dict[int, list[str]]:
+    return {r: (m.get("applied") or {}).get("applied") or [] for r, m in analysis.metas.items()}
+
+
+def _breakdown(analysis: RunAnalysis) -> dict[str, float] | None:
+    """Mean ms per category over the ranks' critical paths in the run's replay; None without traces."""
+    if not analysis.run.ranks or not analysis.has_traces:
+        return None
+    graph = analysis.graph
+    result = replay(graph)
+    parts = [breakdown(graph, result, r) for r in sorted(graph.step_ns)]
+    return {c: float(np.mean([p[f"{c}_ms"] for p in parts])) for c in ("span", *CATEGORIES)}

@@ -1,0 +1,15 @@
+"""The passes: each proposes settings of one kind for a recorded run, or says why it has none.
+
+A pass is a function ``(analysis) -> Proposals``; :data:`PASSES` names them in the order the
+search combines them (one setting of each pass per strategy).
+"""
+
+from __future__ import annotations
+
+from dpro.optimizer.passes.base import Proposals
+from dpro.optimizer.passes.compression import compression
+from dpro.optimizer.passes.tensor_fusion import tensor_fusion
+
+PASSES = {"tensor_fusion": tensor_fusion, "compression": compression}
+
+__all__ = ["PASSES", "Proposals"]

@@ -1,0 +1,35 @@
+"""Gradient compression: DDP's fp16 and bf16 hooks and PowerSGD.
+
+Each sends fewer bytes per gradient byte and adds its own compute (the casts; PowerSGD's matrix
+products), both timed in the run's calibration. All change the numerics (lossy).
+"""
+
+from __future__ import annotations
+
+from dpro.analysis.run import RunAnalysis
+
+from dpro.optimizer.passes.base import Proposals
+
+POWERSGD_RANKS = (1, 2, 4)
+
+
+def compression(analysis: RunAnalysis) -> Proposals:
+    """fp16, bf16 (on NCCL only) and PowerSGD of ranks :data:`POWERSGD_RANKS`, those the
+    calibration timed the compute of; none when the job already compresses."""
+    ddp = analysis.metas[min(analysis.ranks)].get("ddp") or [] if analysis.ranks else []
+    if not ddp:
+        return Proposals(why="the job used no DistributedDataParallel")
+    if ddp[0].get("comm_hook"):
+        return Proposals(why=f"the job already runs the communication hook {ddp[0]['comm_hook']}")
+    timed = set()
+    for calibration in analysis.calibrations.values():
+        timed |= set(((calibration.get("collectives") or {}).get("compression") or {}))
+    backend = analysis.metas[min(analysis.ranks)].get("backend")
+    # DDP's bf16 hook needs CUDA 11+ and NCCL 2.10+: it refuses to register on gloo
+    hooks = ("fp16", "bf16") if backend == "nccl" else ("fp16",)
+    proposals = [{"comm_hook": hook} for hook in hooks if hook in timed]
+    if "matmul" in timed:
+        proposals += [{"comm_hook": "powersgd", "powersgd_rank": r} for r in POWERSGD_RANKS]
+    if not proposals:
+        return Proposals(why="the run's calibration did not time the hooks' compute (recorded with --no-calibrate)")
+    return Proposals(proposals)

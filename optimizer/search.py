@@ -1,0 +1,181 @@
+"""The search: every pass's proposals combined, predicted with the cost model, best first.
+
+1. **Critical-path guidance.** The recorded step is replayed and its critical path split
+   (:func:`dpro.replayer.breakdown.breakdown`): where communication is exposed on it for less
+   than :data:`MIN_EXPOSED_COMM` of the step, no change to communication can pay off and its
+   passes are left out (and the report says so).
+2. **Single changes** first: each proposal of each pass alone.
+3. **Combinations** by simulated annealing: a state takes one option of each pass (or none); a
+   move changes one pass's option at random, and is taken when it predicts a faster step, or a
+   slower one with probability ``exp(-Δ / T)``, ``T`` starting at :data:`START_TEMPERATURE` of
+   the step and cooling by :data:`COOLING` a move; a walk frozen in a minimum restarts from a
+   state not yet predicted. Predictions are cached, so a small space is covered whole; the
+   search ends when it is, or when the time budget would be overrun.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpro.analysis.run import RunAnalysis
+from dpro.analysis.whatif import predict
+from dpro.errors import DproError
+from dpro.replayer.breakdown import breakdown
+from dpro.replayer.simulate import replay
+
+from dpro.optimizer.passes import PASSES
+from dpro.optimizer.strategy import Strategy
+
+__all__ = ["Evaluated", "SearchResult", "search"]
+
+MIN_EXPOSED_COMM = 0.02
+COMMUNICATION_PASSES = frozenset({"tensor_fusion", "compression"})
+START_TEMPERATURE = 0.05
+COOLING = 0.9
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A strategy and the cost model's prediction for it."""
+
+    strategy: Strategy
+    predicted_step_ms: float
+    prediction: dict[str, Any]
+
+
+@dataclass
+class SearchResult:
+    """What the search found: ``evaluated`` best first (the recorded configuration among
+    them), ``notes`` on passes left out and why, and what the search cost."""
+
+    baseline_step_ms: float
+    evaluated: list[Evaluated]
+    notes: list[str] = field(default_factory=list)
+    space: int = 0
+    elapsed_s: float = 0.0
+    exhaustive: bool = False
+    exposed_communication_ms: float = 0.0
+
+
+def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, anneal: bool = True,
+           seed: int = 0) -> SearchResult:
+    """Search strategies for the recorded run (see the module docstring) for at most
+    ``budget_s`` seconds; ``exact_only``: leave out strategies that change the numerics;
+    ``anneal=False``: single changes only."""
+    started = time.monotonic()
+    exposed_ms, step_ms = _exposed_communication(analysis)
+    notes, axes = [], []
+    for name, propose in PASSES.items():
+        if name in COMMUNICATION_PASSES and exposed_ms < MIN_EXPOSED_COMM * step_ms:
+            notes.append(f"{name}: left out, communication is exposed for {exposed_ms:.1f} ms of the "
+                         f"{step_ms:.1f} ms step on the critical path (compute-bound)")
+            continue
+        proposals = propose(analysis)
+        options = [s for s in proposals.settings if not (exact_only and Strategy(s).lossy)]
+        if not options:
+            notes.append(f"{name}: " + (proposals.why or "only lossy proposals, left out by --exact-only"))
+            continue
+        axes.append((name, options))
+    space = math.prod(len(options) + 1 for _, options in axes)
+    cache: dict[tuple[int, ...], Evaluated | None] = {}
+    clock = _Budget(started, budget_s)
+
+    def evaluate(state: tuple[int, ...], always: bool = False) -> Evaluated | None:
+        if state not in cache and (always or clock.allows()):
+            cache[state] = clock.timed(lambda: _evaluate(analysis, axes, state, notes))
+        return cache.get(state)
+
+    recorded = evaluate((0,) * len(axes), always=True)  # the baseline every strategy is compared with
+    if recorded is None:
+        raise DproError(f"the cost model cannot replay the recorded configuration: {notes[-1]}")
+    singles = [tuple(i + 1 if k == a else 0 for k in range(len(axes)))
+               for a, (_, options) in enumerate(axes) for i in range(len(options))]
+    for state in singles:
+        evaluate(state)
+    if anneal and len(axes) > 1:
+        start = min((s for s in [(0,) * len(axes), *singles] if cache.get(s) is not None),
+                    key=lambda s: cache[s].predicted_step_ms)
+        _anneal(evaluate, axes, start, recorded.predicted_step_ms, clock, cache.__contains__,
+                lambda: len(cache) >= space, random.Random(seed))
+    # equal predictions (a bucket cap that changes nothing): the strategy with fewer changes first
+    found = sorted((e for e in cache.values() if e is not None),
+                   key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
+    return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space,
+                        time.monotonic() - started, len(cache) == space, exposed_ms)
+
+
+def _exposed_communication(analysis: RunAnalysis) -> tuple[float, float]:
+    """Milliseconds of exposed communication on the critical path of the recorded step's replay
+    (the mean over ranks), and of that step."""
+    graph = analysis.graph
+    result = replay(graph)
+    parts = [breakdown(graph, result, r) for r in sorted(graph.step_ns)]
+    return (sum(p["communication_ms"] for p in parts) / len(parts),
+            sum(result.step_ns.values()) / len(result.step_ns) / 1e6)
+
+
+def _evaluate(analysis: RunAnalysis, axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...],
+              notes: list[str]) -> Evaluated | None:
+    settings: dict[str, Any] = {}
+    passes = []
+    for (name, options), i in zip(axes, state):
+        if i:
+            settings.update(options[i - 1])
+            passes.append(name)
+    strategy = Strategy(settings, tuple(passes))
+    try:
+        prediction = predict(analysis, strategy.change())
+    except DproError as e:
+        notes.append(f"{strategy.name}: not predicted: {e}")
+        return None
+    return Evaluated(strategy, prediction["predicted_step_ms"], prediction)
+
+
+def _anneal(evaluate: Any, axes: list[tuple[str, list[dict[str, Any]]]], start: tuple[int, ...], step_ms: float,
+            clock: "_Budget", seen: Any, covered: Any, rng: random.Random) -> None:
+    """Simulated annealing over combinations from ``start``, until the space is ``covered()``
+    or the budget is spent. A walk whose moves have all been predicted already (it froze in a
+    minimum) restarts, hot, from a state not ``seen`` yet."""
+    state, energy = start, evaluate(start).predicted_step_ms
+    temperature = START_TEMPERATURE * step_ms
+    stuck_after = 4 * sum(len(options) for _, options in axes)
+    idle = 0
+    while clock.allows() and not covered():
+        if idle > stuck_after:
+            state = rng.choice([s for s in itertools.product(*(range(len(o) + 1) for _, o in axes)) if not seen(s)])
+            found = evaluate(state)
+            energy = math.inf if found is None else found.predicted_step_ms
+            temperature, idle = START_TEMPERATURE * step_ms, 0
+            continue
+        axis = rng.randrange(len(axes))
+        candidate = state[:axis] + (rng.randrange(len(axes[axis][1]) + 1),) + state[axis + 1:]
+        idle = idle + 1 if seen(candidate) else 0
+        found = evaluate(candidate)
+        if found is not None and (found.predicted_step_ms <= energy or
+                                  rng.random() < math.exp((energy - found.predicted_step_ms) / temperature)):
+            state, energy = candidate, found.predicted_step_ms
+        temperature = max(temperature * COOLING, 1e-6)
+
+
+class _Budget:
+    """The search's time budget: another evaluation is allowed while the time spent plus the
+    slowest evaluation so far stays within it."""
+
+    def __init__(self, started: float, budget_s: float) -> None:
+        self.started, self.budget_s = started, budget_s
+        self.slowest = 0.0
+
+    def allows(self) -> bool:
+        return time.monotonic() - self.started + self.slowest <= self.budget_s
+
+    def timed(self, call: Any) -> Any:
+        begin = time.monotonic()
+        try:
+            return call()
+        finally:
+            self.slowest = max(self.slowest, time.monotonic() - begin)

@@ -1,0 +1,113 @@
+"""A strategy: settings of the job's DDP, what they change in code, and how to predict them.
+
+Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` sets):
+
+- ``bucket_cap_mb``: DDP's gradient bucket cap (``DistributedDataParallel(bucket_cap_mb=...)``);
+- ``comm_hook``: ``fp16`` or ``bf16`` (DDP's compression hooks) or ``powersgd`` with
+  ``powersgd_rank`` (``matrix_approximation_rank``; ``start_powerSGD_iter`` 2, from the first
+  steps on). Compression changes the numerics: such a strategy is ``lossy``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpro.analysis.whatif import Change
+from dpro.errors import DproError
+
+__all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
+
+HOOKS = ("fp16", "bf16", "powersgd")
+SETTINGS = ("bucket_cap_mb", "comm_hook", "powersgd_rank")
+LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
+
+
+class StrategyError(DproError, ValueError):
+    """A strategy file or settings that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A combination of settings (``passes``: the passes that proposed them)."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    passes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate(self.settings)
+
+    @property
+    def name(self) -> str:
+        """``as-recorded``, or the settings, e.g. ``bucket-cap-50mb+powersgd-2``."""
+        parts = []
+        if "bucket_cap_mb" in self.settings:
+            parts.append(f"bucket-cap-{self.settings['bucket_cap_mb']:g}mb")
+        hook = self.settings.get("comm_hook")
+        if hook:
+            parts.append(f"powersgd-{self.settings['powersgd_rank']}" if hook == "powersgd" else hook)
+        return "+".join(parts) or "as-recorded"
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the strategy changes the numerics (a compression hook)."""
+        return self.settings.get("comm_hook") in LOSSY_HOOKS
+
+    def change(self) -> Change:
+        """The configuration :func:`dpro.analysis.whatif.predict` predicts."""
+        hook = self.settings.get("comm_hook")
+        compress = f"powersgd:{self.settings['powersgd_rank']}" if hook == "powersgd" else hook
+        return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"), compress=compress)
+
+    def code(self) -> list[str]:
+        """The code change that makes the job run this strategy, one line each."""
+        lines = []
+        if "bucket_cap_mb" in self.settings:
+            lines.append(f"model = DistributedDataParallel(module, ..., bucket_cap_mb={self.settings['bucket_cap_mb']:g})")
+        hook = self.settings.get("comm_hook")
+        if hook in ("fp16", "bf16"):
+            lines += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
+                      f"model.register_comm_hook(None, default_hooks.{hook}_compress_hook)"]
+        elif hook == "powersgd":
+            lines += ["from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook",
+                      "state = powerSGD_hook.PowerSGDState(process_group=None, "
+                      f"matrix_approximation_rank={self.settings['powersgd_rank']}, start_powerSGD_iter=2)",
+                      "model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)"]
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passes": list(self.passes), "lossy": self.lossy, "settings": dict(self.settings),
+                "code": self.code()}
+
+
+def validate(settings: dict[str, Any]) -> None:
+    """Raise :class:`StrategyError` for settings ``dpro`` cannot predict or apply."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise StrategyError(f"unknown strategy setting {unknown[0]!r} (known: {', '.join(SETTINGS)})")
+    cap = settings.get("bucket_cap_mb")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < 1e6):
+        raise StrategyError(f"bucket_cap_mb must be a positive number of MB, not {cap!r}")
+    hook = settings.get("comm_hook")
+    if hook is not None and hook not in HOOKS:
+        raise StrategyError(f"comm_hook must be one of {', '.join(HOOKS)}, not {hook!r}")
+    rank = settings.get("powersgd_rank")
+    if (hook == "powersgd") != (rank is not None):
+        raise StrategyError("powersgd_rank goes with comm_hook powersgd, and only with it")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise StrategyError(f"powersgd_rank must be a positive integer, not {rank!r}")
+
+
+def read_strategy(path: str | os.PathLike) -> Strategy:
+    """The strategy of a ``strategy.json`` that ``dpro optimize -o`` wrote (its ``settings``)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise StrategyError(f"cannot read strategy {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
+        raise StrategyError(f"{path}: not a strategy file (expected an object with \"settings\")")
+    return Strategy(data["settings"], tuple(data.get("passes") or ()))

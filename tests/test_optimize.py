@@ -1,0 +1,167 @@
+"""`dpro optimize`: the passes' proposals on a recorded run, the search and its budgets, the
+strategies and their files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpro.analysis import RunAnalysis
+from dpro.optimizer.passes import compression, tensor_fusion
+from dpro.optimizer.search import search
+from dpro.optimizer.strategy import Strategy, StrategyError, read_strategy
+from dpro.run_format import open_run
+
+from .conftest import EXAMPLE, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
+
+
+@pytest.fixture(scope="module")
+def analysis(recorded_run: Path) -> RunAnalysis:
+    return RunAnalysis(open_run(recorded_run))
+
+
+def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
+    s = Strategy({"bucket_cap_mb": 50, "comm_hook": "powersgd", "powersgd_rank": 2}, ("tensor_fusion", "compression"))
+    assert s.name == "bucket-cap-50mb+powersgd-2" and s.lossy
+    assert s.change().bucket_cap_mb == 50 and s.change().compress == "powersgd:2"
+    assert any("bucket_cap_mb=50" in line for line in s.code())
+    assert any("matrix_approximation_rank=2" in line for line in s.code())
+    exact = Strategy({"bucket_cap_mb": 5})
+    assert not exact.lossy and exact.change().compress is None
+    assert Strategy().name == "as-recorded" and Strategy().code() == []
+
+
+@pytest.mark.parametrize("settings, fragment", [
+    ({"bucket_cap": 5}, "unknown strategy setting 'bucket_cap'"),
+    ({"bucket_cap_mb": -1}, "positive number"),
+    ({"comm_hook": "int8"}, "comm_hook must be one of"),
+    ({"comm_hook": "powersgd"}, "powersgd_rank goes with"),
+    ({"comm_hook": "powersgd", "powersgd_rank": 0}, "positive integer"),
+])
+def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
+    with pytest.raises(StrategyError, match=fragment):
+        Strategy(settings)
+
+
+def test_bad_strategy_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(StrategyError, match="cannot read strategy"):
+        read_strategy(tmp_path / "missing.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(StrategyError, match="not a strategy file"):
+        read_strategy(tmp_path / "list.json")
+    (tmp_path / "s.json").write_text(json.dumps({"settings": {"bucket_cap_mb": 5}}))
+    assert read_strategy(tmp_path / "s.json").settings == {"bucket_cap_mb": 5}
+
+
+def test_tensor_fusion_proposes_caps_up_to_one_bucket(analysis: RunAnalysis) -> None:
+    caps = [s["bucket_cap_mb"] for s in tensor_fusion(analysis).settings]
+    total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
+    assert caps == sorted(caps) and 0.05 not in caps, "the recorded cap is no proposal"
+    assert caps[-1] >= total_mb and (len(caps) == 1 or caps[-2] < total_mb), "up to the first cap holding everything"
+
+
+def test_compression_proposes_the_hooks_the_calibration_timed(analysis: RunAnalysis) -> None:
+    proposals = compression(analysis).settings
+    assert {"comm_hook": "fp16"} in proposals and {"comm_hook": "bf16"} not in proposals, "bf16 needs NCCL"
+    assert {"comm_hook": "powersgd", "powersgd_rank": 2} in proposals
+
+
+def test_the_search_covers_a_small_space_and_ranks_every_strategy(analysis: RunAnalysis) -> None:
+    result = search(analysis, budget_s=120)
+    assert result.exhaustive and len(result.evaluated) == result.space
+    times = [e.predicted_step_ms for e in result.evaluated]
+    assert times == sorted(times)
+    names = [e.strategy.name for e in result.evaluated]
+    assert "as-recorded" in names and any("+" in n for n in names), "single changes and their combinations"
+
+
+def test_the_search_keeps_to_its_time_budget(analysis: RunAnalysis) -> None:
+    result = search(analysis, budget_s=1e-3)
+    assert [e.strategy.name for e in result.evaluated] == ["as-recorded"] and not result.exhaustive
+
+
+def test_exact_only_leaves_lossy_strategies_out(analysis: RunAnalysis) -> None:
+    result = search(analysis, budget_s=120, exact_only=True)
+    assert result.evaluated and not any(e.strategy.lossy for e in result.evaluated)
+    assert any(n.startswith("compression: only lossy") for n in result.notes), result.notes
+
+
+def test_optimize_writes_its_reports_and_refuses_to_overwrite_them(recorded_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "opt"
+    done = dpro("optimize", recorded_run, "--json", "-o", out, "--budget", "120")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    best = data["strategies"][0]
+    assert set(best) >= {"name", "passes", "lossy", "predicted_step_ms", "predicted_speedup", "memory_gb", "change",
+                         "apply"}
+    assert best["predicted_step_ms"] == min(s["predicted_step_ms"] for s in data["strategies"])
+    strategy = json.loads((out / "strategy.json").read_text())
+    assert strategy["name"] == best["name"] and strategy["settings"] == best["apply"]
+    assert read_strategy(out / "strategy.json").name == best["name"]
+    assert (out / "report.md").read_text().startswith("# dpro optimize")
+    assert len(list((out / "strategies").glob("*.json"))) == len(data["strategies"])
+    again = dpro("optimize", recorded_run, "-o", out)
+    assert_one_line_error(again, "already holds a report")
+    assert json.loads((out / "report.json").read_text()) == data, "nothing overwritten"
+
+
+def _record_applying(tmp_path: Path, settings: dict, *job: str):
+    strategy = tmp_path / "strategy.json"
+    strategy.write_text(json.dumps({"name": "s", "settings": settings, "predicted_step_ms": 1.0}))
+    run = tmp_path / "run"
+    done = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "1", "--no-calibrate", "--apply", strategy,
+                "--", *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "6", *SMALL_LM, *job)
+    assert done.returncode == 0, done.stderr
+    return run, done.stderr
+
+
+def test_apply_sets_the_bucket_cap_and_hook_of_a_real_job_and_compare_checks_its_prediction(
+        tmp_path: Path, recorded_run: Path) -> None:
+    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 0.5, "comm_hook": "fp16"}, "--bucket-cap-mb", "25")
+    for rank in (0, 1):
+        meta = json.loads((run / "ranks" / str(rank) / "meta.json").read_text())
+        assert meta["applied"]["applied"] == ["bucket_cap_mb=0.5 (the script's 25)", "comm_hook=fp16"]
+        ddp = meta["ddp"][0]
+        assert ddp["bucket_cap_bytes"] == 2 ** 19 and ddp["comm_hook"] == "fp16_compress_hook"
+    assert json.loads((run / "run.json").read_text())["options"]["apply"]["settings"]["comm_hook"] == "fp16"
+    assert "rank 0: applied bucket_cap_mb=0.5" in stderr
+    done = dpro("compare", recorded_run, run, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["speedup"] == pytest.approx(result["a"]["step_ms"] / result["b"]["step_ms"])
+    prediction = result["prediction"]
+    assert prediction["strategy"] == "bucket-cap-0.5mb+fp16" and prediction["predicted_step_ms"] == 1.0
+    assert prediction["error_pct"] == pytest.approx(100 * (1.0 / result["b"]["step_ms"] - 1))
+    assert set(result["breakdown"]["a"]) >= {"span", "compute", "communication"}
+    assert_one_line_error(dpro("compare", recorded_run, tmp_path / "missing"), "missing")
+
+
+def test_the_scripts_own_hook_gives_way_to_the_strategys(tmp_path: Path) -> None:
+    run, stderr = _record_applying(tmp_path, {"comm_hook": "fp16"}, "--comm-hook", "powersgd:1")
+    meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
+    assert meta["ddp"][0]["comm_hook"] == "fp16_compress_hook"
+    assert meta["applied"]["left_out"] == ["the script's comm hook powerSGD_hook (the strategy's fp16 is registered)"]
+    assert "left out the script's comm hook" in stderr
+
+
+def test_a_hook_ddp_refuses_is_left_out_and_the_job_runs(tmp_path: Path) -> None:
+    run, stderr = _record_applying(tmp_path, {"comm_hook": "bf16"})  # bf16 needs CUDA and NCCL; this is gloo
+    meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
+    assert meta["ddp"][0]["comm_hook"] is None and meta["applied"]["applied"] == []
+    assert meta["applied"]["left_out"][0].startswith("comm_hook=bf16: TypeError: BF16")
+    assert "left out comm_hook=bf16" in stderr
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{", "cannot read strategy"),
+    ('{"settings": {"comm_hook": "int8"}}', "comm_hook must be one of"),
+    ('{"name": "x"}', "not a strategy file"),
+])
+def test_bad_strategy_files_are_one_line_errors_and_record_nothing(tmp_path: Path, content: str, fragment: str) -> None:
+    strategy = tmp_path / "strategy.json"
+    strategy.write_text(content)
+    done = dpro("record", "-o", tmp_path / "run", "--apply", strategy, "--", "python", "-c", "pass")
+    assert_one_line_error(done, fragment)
+    assert not (tmp_path / "run").exists()
