@@ -349,7 +349,10 @@ def _on_torch_imported(torch: Any) -> None:
             from torch.nn.parallel import DistributedDataParallel
 
             if rec.applier is not None:
-                rec.applier.install(DistributedDataParallel, rec.log_error)
+                try:
+                    rec.applier.install(DistributedDataParallel, rec.log_error)
+                except Exception as e:  # the job runs as written; dpro records on
+                    rec.log_error("applying the strategy (dpro record --apply)", e)
             _wrap_after(DistributedDataParallel, "__init__", lambda ddp, *a: _on_ddp_created(ddp))
         atexit.register(_at_exit)
     except Exception as e:

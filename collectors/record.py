@@ -66,9 +66,10 @@ def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
         if opts.join:
             if is_run_dir(out):
                 try:
-                    open_run(out)
+                    joined = open_run(out)
                 except RunFormatError as e:
                     raise RecordError(f"cannot join {out}: {e}") from None
+                _check_same_strategy(joined.manifest, opts)
         elif opts.force:
             if not is_run_dir(out):
                 raise RecordError(f"{out} is not empty and is not a dpro run; --force only replaces "
@@ -77,8 +78,19 @@ def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
         else:
             raise RecordError(f"{out} exists and is not empty; use --force to replace it, or --join "
                               f"to add this node to a run being recorded")
-    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate", "apply")}
+    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate", "apply")
+               and v is not None}
     return create_manifest(out, new_manifest(command, options, time.time_ns()))
+
+
+def _check_same_strategy(manifest: dict[str, Any], opts: RecordOptions) -> None:
+    """Every node of a job applies the same strategy (ranks whose buckets or hooks differ would
+    hang in their first all-reduce): a node joining a run with another ``--apply`` is refused."""
+    theirs = ((manifest.get("options") or {}).get("apply") or {}).get("settings")
+    ours = (opts.apply or {}).get("settings")
+    if theirs != ours:
+        raise RecordError(f"the run's other nodes apply {theirs or 'no strategy'}, this node {ours or 'none'}: "
+                          "give every node the same --apply")
 
 
 def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[str, str], str]:

@@ -29,7 +29,7 @@ def report(result: SearchResult) -> dict[str, Any]:
                                                                            "link_model", "buckets_bytes", "compression")
                                           if k in e.prediction}})
     return {"baseline_step_ms": baseline, "strategies": strategies, "notes": list(result.notes),
-            "search": {"space": result.space, "evaluated": len(result.evaluated), "elapsed_s": result.elapsed_s,
+            "search": {"space": result.space, "evaluated": result.tried, "elapsed_s": result.elapsed_s,
                        "exhaustive": result.exhaustive,
                        "exposed_communication_ms": result.exposed_communication_ms}}
 
@@ -37,6 +37,8 @@ def report(result: SearchResult) -> dict[str, Any]:
 def write_report(data: dict[str, Any], out: Path) -> None:
     """``report.json``, ``report.md``, ``strategy.json`` (the best) and ``strategies/<name>.json``."""
     (out / "strategies").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "strategies").glob("*.json"):  # a report replaced (--force) leaves none of its own
+        stale.unlink()
     write_json_atomic(out / "report.json", data)
     for s in data["strategies"]:
         write_json_atomic(out / "strategies" / f"{s['name']}.json", _strategy_file(s, data))

@@ -22,11 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpro.analysis.compare import critical_path_breakdown
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.whatif import predict
 from dpro.errors import DproError
-from dpro.replayer.breakdown import breakdown
-from dpro.replayer.simulate import replay
 
 from dpro.optimizer.passes import PASSES
 from dpro.optimizer.strategy import Strategy
@@ -51,24 +50,28 @@ class Evaluated:
 @dataclass
 class SearchResult:
     """What the search found: ``evaluated`` best first (the recorded configuration among
-    them), ``notes`` on passes left out and why, and what the search cost."""
+    them), ``notes`` on passes left out and predictions that failed, and what the search cost."""
 
     baseline_step_ms: float
     evaluated: list[Evaluated]
     notes: list[str] = field(default_factory=list)
     space: int = 0
+    tried: int = 0  # strategies predicted, or whose prediction failed (see notes)
     elapsed_s: float = 0.0
     exhaustive: bool = False
     exposed_communication_ms: float = 0.0
 
 
-def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, anneal: bool = True,
-           seed: int = 0) -> SearchResult:
+def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, seed: int = 0) -> SearchResult:
     """Search strategies for the recorded run (see the module docstring) for at most
-    ``budget_s`` seconds; ``exact_only``: leave out strategies that change the numerics;
-    ``anneal=False``: single changes only."""
+    ``budget_s`` seconds; ``exact_only``: leave out strategies that change the numerics."""
     started = time.monotonic()
-    exposed_ms, step_ms = _exposed_communication(analysis)
+    baseline = [v for v in analysis.unprofiled_step_ns.values() if v == v]
+    if not baseline:
+        raise DproError(f"{analysis.root} has no step outside the profiling window to optimize against "
+                        "(record more steps than --skip + --warmup + --steps)")
+    path = critical_path_breakdown(analysis)
+    exposed_ms, step_ms = path["communication"], path["span"]
     notes, axes = [], []
     for name, propose in PASSES.items():
         if name in COMMUNICATION_PASSES and exposed_ms < MIN_EXPOSED_COMM * step_ms:
@@ -97,7 +100,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                for a, (_, options) in enumerate(axes) for i in range(len(options))]
     for state in singles:
         evaluate(state)
-    if anneal and len(axes) > 1:
+    if len(axes) > 1:
         start = min((s for s in [(0,) * len(axes), *singles] if cache.get(s) is not None),
                     key=lambda s: cache[s].predicted_step_ms)
         _anneal(evaluate, axes, start, recorded.predicted_step_ms, clock, cache.__contains__,
@@ -105,18 +108,8 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     # equal predictions (a bucket cap that changes nothing): the strategy with fewer changes first
     found = sorted((e for e in cache.values() if e is not None),
                    key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
-    return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space,
+    return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space, len(cache),
                         time.monotonic() - started, len(cache) == space, exposed_ms)
-
-
-def _exposed_communication(analysis: RunAnalysis) -> tuple[float, float]:
-    """Milliseconds of exposed communication on the critical path of the recorded step's replay
-    (the mean over ranks), and of that step."""
-    graph = analysis.graph
-    result = replay(graph)
-    parts = [breakdown(graph, result, r) for r in sorted(graph.step_ns)]
-    return (sum(p["communication_ms"] for p in parts) / len(parts),
-            sum(result.step_ns.values()) / len(result.step_ns) / 1e6)
 
 
 def _evaluate(analysis: RunAnalysis, axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...],

@@ -78,10 +78,6 @@ class Strategy:
                       "model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)"]
         return lines
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "passes": list(self.passes), "lossy": self.lossy, "settings": dict(self.settings),
-                "code": self.code()}
-
 
 def validate(settings: dict[str, Any]) -> None:
     """Raise :class:`StrategyError` for settings ``dpro`` cannot predict or apply."""

@@ -106,13 +106,53 @@ def test_a_connections_rate_is_its_bulk_intervals_less_the_time_its_receiver_hel
             acked, busy, rwnd = acked + (8 << 20), busy + 8 * 8 * (1 << 20) / 400e3 + 100, rwnd + 100
         else:  # small messages: 64 KB spread over 50 ms of latency
             acked, busy = acked + (64 << 10), busy + 50
-        rows.append(f"{t},1,10.0.0.1:4000,10.0.0.2:29500,{acked},0,{busy:.0f},0.1,0.05,1000,0,{rwnd or ''},")
+        rows.append(f"{t * 500_000_000},1,10.0.0.1:4000,10.0.0.2:29500,{acked},0,{busy:.0f},0.1,0.05,1000,0,{rwnd or ''},")
     (node / "connections.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.2"}))
     (row,) = connection_rates(open_run(tmp_path)).itertuples()
     assert row.intervals == 6 and row.limited_ms == 600
     assert row.rate_bps == pytest.approx(400e6, rel=0.01)
     assert row.bytes * 8 / (row.busy_ms / 1e3) < 300e6, "the average over the whole job is pulled down"
+
+
+def test_a_link_too_slow_for_a_bulk_interval_is_still_measured(tmp_path: Path) -> None:
+    node = tmp_path / "nodes" / "h0-1"
+    node.mkdir(parents=True)
+    (node / "node.json").write_text(json.dumps({"host": "h0"}))
+    rows = [",".join(COLUMNS)]
+    for t in range(40):  # 1 Mb/s, sending all the time: 62.5 KB per 500 ms interval
+        rows.append(f"{t * 500_000_000},1,10.0.0.1:4000,10.0.0.2:29500,{t * 62_500},0,{t * 500},40,0.05,1000000,0,,")
+    (node / "connections.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.2"}))
+    (row,) = connection_rates(open_run(tmp_path)).itertuples()
+    assert row.intervals == 39 and row.rate_bps == pytest.approx(1e6, rel=0.01)
+
+
+def test_dpros_own_link_streams_are_not_the_jobs_traffic(tmp_path: Path) -> None:
+    # h0 sends to h1 in the job (port 29500) and in calibration's stream to h1's listener (41000)
+    for host, ip, peer_ip, local_port in (("h0", "10.0.0.1", "10.0.0.2", 40000), ("h1", "10.0.0.2", "10.0.0.1", 29500)):
+        node = tmp_path / "nodes" / f"{host}-1"
+        node.mkdir(parents=True)
+        (node / "node.json").write_text(json.dumps({"host": host}))
+        rows = [",".join(COLUMNS)]
+        for t in range(3):
+            if host == "h0":
+                rows.append(f"{t},1,{ip}:40000,{peer_ip}:29500,{t * (8 << 20)},0,{t * 200},1,0.05,1,0,,")
+                rows.append(f"{t},1,{ip}:40001,{peer_ip}:41000,{t * (400 << 20)},0,{t * 300},1,0.05,1,0,,")
+            else:  # the receiving ends
+                rows.append(f"{t},1,{ip}:29500,{peer_ip}:40000,0,{t * (8 << 20)},0,1,0.05,1,0,,")
+                rows.append(f"{t},1,{ip}:41000,{peer_ip}:40001,0,{t * (400 << 20)},0,1,0.05,1,0,,")
+        (node / "connections.csv").write_text("\n".join(rows) + "\n")
+    for rank, host in enumerate(("h0", "h1")):
+        d = tmp_path / "ranks" / str(rank)
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"rank": rank, "host": host}))
+        links = [{"src": 1 - rank, "dst": rank, "listen": [f"10.0.0.{rank + 1}", 41000 if host == "h1" else 41001]}]
+        (d / "calibration.json").write_text(json.dumps({"collectives": {"links": links}}))
+    (tmp_path / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.2"}))
+    table = connection_rates(open_run(tmp_path))
+    assert table["peer_ip"].tolist() == ["10.0.0.2"] and table["bytes"].tolist() == [16 << 20], \
+        "the 800 MB stream would have made the job's 16 MB look light"
 
 
 def test_a_few_fast_connections_do_not_make_a_healthy_host_a_suspect() -> None:

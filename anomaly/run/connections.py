@@ -6,13 +6,14 @@ A connection's rate is what the network gave it while it moved bulk data: betwee
 (500 ms apart), the bytes it had acknowledged over the time the network held it back, which is
 the kernel's ``busy`` time (data to send) less the time the receiver's window (a receiver too busy
 to read) or the sender's own buffer limited it; the connection's rate is the median over the
-intervals that moved at least :data:`BULK_BYTES`. Over a whole job, small messages and hosts whose
+intervals that moved at least :data:`BULK_BYTES` or were held back by the network for most of
+their time (a link too slow to move that much in one). Over a whole job, small messages and hosts whose
 CPUs are too loaded to process acknowledgements at once pull a connection's average down to its
 latency (a healthy link measured 75 Mb/s where its bulk intervals ran at 170 Mb/s and more); a
 throttled link stays at its rate in every interval. Connections within a host (loopback) say nothing of the network and are left
 out. The matrix (sender host × receiver host: the median rate of their connections) is judged
 like a matrix of probes (:func:`dpro.anomaly.fabric.probes.analyze`): a host whose sends and receives
-are all slow is a suspect, passively, with no traffic of dpro's own.
+are all slow is a suspect, passively: dpro's own streams of the calibration are left out.
 
     >>> connection_suspects(open_run("run1"))                  # doctest: +SKIP
 """
@@ -31,7 +32,8 @@ from dpro.anomaly.suspects import Suspect
 
 MIN_BYTES = 1 << 20  # a connection that moved less says nothing of its link
 HEAVY_SHARE = 0.1  # nor one that moved less than this share of the busiest: its rate is its latency
-BULK_BYTES = 256 << 10  # nor does an interval between two samples that moved less
+BULK_BYTES = 256 << 10  # nor does an interval between two samples that moved less ...
+BUSY_SHARE = 0.5  # ... unless the network held the connection back for this share of it
 LIMITED_COLUMNS = ("rwnd_limited_ms", "sndbuf_limited_ms")  # absent in runs before dpro sampled them
 
 
@@ -60,12 +62,32 @@ def connection_rates(run: Run) -> pd.DataFrame:
                "retrans"]
     if not frames:
         return pd.DataFrame(columns=columns)
-    rates = pd.concat(frames, ignore_index=True)
+    rates = _without_link_streams(pd.concat(frames, ignore_index=True), run)
+    if rates.empty:
+        return pd.DataFrame(columns=columns)
     heavy = max(MIN_BYTES, HEAVY_SHARE * rates["bytes"].max())
     rates = rates[(rates["bytes"] >= heavy) & (rates["intervals"] > 0)].copy()
     rates["local_ip"] = rates["local"].map(_ip)
     rates["peer_ip"] = rates["peer"].map(_ip)
     return rates[columns].reset_index(drop=True)
+
+
+def _without_link_streams(rates: pd.DataFrame, run: Run) -> pd.DataFrame:
+    """``rates`` less dpro's own streams of the calibration (:mod:`dpro.collectors.link_rate`):
+    the connections to or from a port a rank listened on for them, on that rank's host."""
+    listening = {(str(run.rank_meta(r).get("host") or ""), int(link["listen"][1]))
+                 for r in run.ranks
+                 for link in (run.calibration(r).get("collectives") or {}).get("links") or [] if "listen" in link}
+    if not listening:
+        return rates
+    owner = dict(zip(rates["local"].map(_ip), rates["host"]))
+    local = [(h, _port(e)) in listening for h, e in zip(rates["host"], rates["local"])]
+    peer = [(owner.get(_ip(e), ""), _port(e)) in listening for e in rates["peer"]]
+    return rates[~(np.array(local, bool) | np.array(peer, bool))]
+
+
+def _port(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
 
 
 def _per_connection(samples: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +102,11 @@ def _per_connection(samples: pd.DataFrame) -> pd.DataFrame:
     # ss prints busy time in whole milliseconds: round each interval up, so that a short burst
     # on a fast link is not taken for an infinite rate
     seconds = (per["network_ms"].diff().clip(lower=0) + 1) / 1e3
-    bulk = samples.assign(rate_bps=8 * moved / seconds)[moved >= BULK_BYTES].groupby(keys)["rate_bps"]
+    # bulk: enough bytes, or the network held the connection back for most of the interval (a
+    # link too slow to move BULK_BYTES between two samples)
+    held = seconds >= BUSY_SHARE * per["time_ns"].diff() / 1e9
+    bulk = samples.assign(rate_bps=8 * moved / seconds)[(moved >= BULK_BYTES) | (held & (moved > 0))]
+    bulk = bulk.groupby(keys)["rate_bps"]
     frame = pd.DataFrame({
         "bytes": per["bytes_acked"].max() - per["bytes_acked"].min(),
         "busy_ms": per["busy_ms"].max() - per["busy_ms"].min(),

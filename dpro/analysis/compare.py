@@ -14,12 +14,13 @@ from dpro.replayer.simulate import replay
 
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["compare"]
+__all__ = ["compare", "critical_path_breakdown"]
 
 
 def compare(a: RunAnalysis, b: RunAnalysis) -> dict[str, Any]:
-    """``{"a", "b", "speedup", "prediction", "breakdown"}``: each run's step time (the median of
-    its ranks' unprofiled medians, ms), ``a``'s over ``b``'s; ``prediction``: the strategy ``b``
+    """``{"a", "b", "speedup", "prediction", "breakdown"}``: each run's step time (the mean of
+    its ranks' unprofiled medians, ms, as ``dpro whatif`` and ``dpro optimize`` take the baseline)
+    and unprofiled steps per rank, ``a``'s step time over ``b``'s; ``prediction``: the strategy ``b``
     was recorded with, its predicted step time and the error against ``b``'s measured one (null
     when ``b`` was recorded without ``--apply``); ``breakdown``: ms per category of the critical
     path, the mean over ranks, for each run."""
@@ -41,11 +42,12 @@ def compare(a: RunAnalysis, b: RunAnalysis) -> dict[str, Any]:
 
 def _step_ms(analysis: RunAnalysis) -> float:
     medians = [v for v in analysis.unprofiled_step_ns.values() if v == v]
-    return float(np.median(medians)) / 1e6 if medians else float("nan")
+    return float(np.mean(medians)) / 1e6 if medians else float("nan")
 
 
 def _count(analysis: RunAnalysis) -> int:
-    return int(analysis.unprofiled_steps["dur_ns"].count())
+    per_rank = analysis.unprofiled_steps.groupby("rank")["dur_ns"].count()
+    return int(per_rank.max()) if len(per_rank) else 0
 
 
 def _applied(analysis: RunAnalysis) -> dict[int, list[str]]:
@@ -53,9 +55,12 @@ def _applied(analysis: RunAnalysis) -> dict[int, list[str]]:
 
 
 def _breakdown(analysis: RunAnalysis) -> dict[str, float] | None:
-    """Mean ms per category over the ranks' critical paths in the run's replay; None without traces."""
-    if not analysis.run.ranks or not analysis.has_traces:
-        return None
+    return critical_path_breakdown(analysis) if analysis.has_traces else None
+
+
+def critical_path_breakdown(analysis: RunAnalysis) -> dict[str, float]:
+    """Mean ms of the critical path's span and of each category
+    (:func:`dpro.replayer.breakdown.breakdown`) over the ranks, in the replay of the recorded step."""
     graph = analysis.graph
     result = replay(graph)
     parts = [breakdown(graph, result, r) for r in sorted(graph.step_ns)]

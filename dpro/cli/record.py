@@ -111,7 +111,11 @@ def _report_applied(ranks: list[dict[str, Any]], run_dir: Path) -> None:
     from dpro.run_format import open_run
 
     run = open_run(run_dir)
-    if not (run.manifest.get("options") or {}).get("apply"):
+    strategy = (run.manifest.get("options") or {}).get("apply")
+    if not strategy:
+        return
+    if not strategy.get("settings"):
+        click.echo(f"dpro: the strategy {strategy.get('name')} changes nothing: nothing applied", err=True)
         return
     for r in ranks:
         applied = run.rank_meta(r["rank"]).get("applied") or {}
