@@ -4,6 +4,7 @@ strategies and their files."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,7 +173,10 @@ def test_a_hook_ddp_refuses_is_left_out_and_the_job_runs(tmp_path: Path) -> None
 
 
 def test_every_node_of_a_run_applies_the_same_strategy(tmp_path: Path) -> None:
-    run, _ = _record_applying(tmp_path, {"bucket_cap_mb": 1})
+    strategy, run = tmp_path / "strategy.json", tmp_path / "run"
+    strategy.write_text(json.dumps({"settings": {"bucket_cap_mb": 1}}))
+    first = dpro("record", "-o", run, "--apply", strategy, "--", sys.executable, "-c", "pass")  # the first node
+    assert first.returncode == 0, first.stderr
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"settings": {"bucket_cap_mb": 5}}))
     done = dpro("record", "--join", "-o", run, "--apply", other, "--", "python", "-c", "pass")
