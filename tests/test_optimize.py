@@ -119,6 +119,12 @@ def test_optimize_writes_its_reports_and_refuses_to_overwrite_them(recorded_run:
     assert read_strategy(out / "strategy.json").name == best["name"]
     assert (out / "report.md").read_text().startswith("# dpro optimize")
     assert len(list((out / "strategies").glob("*.json"))) == len(data["strategies"])
+    text = dpro("optimize", recorded_run, "--budget", "120")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("baseline: ") and lines[1].split()[:3] == ["strategy", "predicted", "ms"]
+    assert any(line.startswith(f"best: {best['name']}") for line in lines)
+    assert lines[-1].startswith("search: ") and "strategies in" in lines[-1]
     again = dpro("optimize", recorded_run, "-o", out)
     assert_one_line_error(again, "already holds a report")
     assert json.loads((out / "report.json").read_text()) == data, "nothing overwritten"
@@ -152,6 +158,9 @@ def test_apply_sets_the_bucket_cap_and_hook_of_a_real_job_and_compare_checks_its
     assert prediction["strategy"] == "bucket-cap-0.5mb+fp16" and prediction["predicted_step_ms"] == 1.0
     assert prediction["error_pct"] == pytest.approx(100 * (1.0 / result["b"]["step_ms"] - 1))
     assert set(result["breakdown"]["a"]) >= {"span", "compute", "communication"}
+    text = dpro("compare", recorded_run, run).stdout
+    assert "measured speed-up: " in text and "prediction: bucket-cap-0.5mb+fp16 was predicted at 1.00 ms" in text
+    assert "critical path, ms" in text
     assert_one_line_error(dpro("compare", recorded_run, tmp_path / "missing"), "missing")
 
 
