@@ -64,11 +64,10 @@ def test_tensor_fusion_proposes_caps_up_to_one_bucket(analysis: RunAnalysis) -> 
 
 
 class RecordedLayout:
-    """What the tensor fusion pass reads of a run (ranks, metadata, bucket sizes), for a layout
+    """What the tensor fusion pass reads of a run (its DDP layout, bucket sizes), for a layout
     no test job has: 60 MB of gradients under DDP's default 25 MB cap."""
 
-    ranks = [0]
-    metas = {0: {"ddp": [{"bucket_cap_bytes": 25 * 2 ** 20, "buckets": [{}, {}, {}]}]}}
+    ddp_layout = {"bucket_cap_bytes": 25 * 2 ** 20, "buckets": [{}, {}, {}]}
 
     def bucket_bytes(self) -> list[int]:
         return [25 * 2 ** 20, 25 * 2 ** 20, 10 * 2 ** 20]

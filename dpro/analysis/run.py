@@ -158,11 +158,18 @@ class RunAnalysis:
         """Whether every rank wrote a trace (what the graph needs)."""
         return bool(self.ranks) and all(self.run.trace_path(r) is not None for r in self.ranks)
 
+    @property
+    def ddp_layout(self) -> dict[str, Any] | None:
+        """The job's first DistributedDataParallel module as the lowest rank recorded it (its
+        ``meta.json`` ``ddp``: bucket cap, hook, buckets); None when the job used no DDP."""
+        ddp = (self.metas[min(self.ranks)].get("ddp") or []) if self.ranks else []
+        return ddp[0] if ddp else None
+
     def bucket_bytes(self) -> list[int]:
         """Bytes of each DDP gradient bucket, in the order they are all-reduced (from the lowest
         rank's metadata; empty when the job used no DDP or it was not recorded)."""
-        ddp = (self.metas[min(self.ranks)].get("ddp") or []) if self.ranks else []
-        return [int(b["bytes"]) for b in ddp[0]["buckets"]] if ddp and "buckets" in ddp[0] else []
+        layout = self.ddp_layout
+        return [int(b["bytes"]) for b in layout["buckets"]] if layout and "buckets" in layout else []
 
     # --- traces and the per-rank stage -----------------------------------------------------------
 

@@ -131,10 +131,10 @@ def _mean(values: Any) -> float | None:
 
 
 def _layout(analysis: RunAnalysis) -> dict[str, Any]:
-    ddp = analysis.metas[min(analysis.ranks)].get("ddp") or []
-    if not ddp or "buckets" not in ddp[0]:
+    layout = analysis.ddp_layout
+    if not layout or "buckets" not in layout:
         raise DproError(f"{analysis.root} holds no DDP bucket layout (the job used no DistributedDataParallel)")
-    return ddp[0]
+    return layout
 
 
 def _ddp_buckets(analysis: RunAnalysis, graph: Any) -> list[tuple[int, int]]:

@@ -16,11 +16,11 @@ POWERSGD_RANKS = (1, 2, 4)
 def compression(analysis: RunAnalysis) -> Proposals:
     """fp16, bf16 (on NCCL only) and PowerSGD of ranks :data:`POWERSGD_RANKS`, those the
     calibration timed the compute of; none when the job already compresses."""
-    ddp = analysis.metas[min(analysis.ranks)].get("ddp") or [] if analysis.ranks else []
-    if not ddp:
+    layout = analysis.ddp_layout
+    if not layout:
         return Proposals(why="the job used no DistributedDataParallel")
-    if ddp[0].get("comm_hook"):
-        return Proposals(why=f"the job already runs the communication hook {ddp[0]['comm_hook']}")
+    if layout.get("comm_hook"):
+        return Proposals(why=f"the job already runs the communication hook {layout['comm_hook']}")
     timed = set()
     for calibration in analysis.calibrations.values():
         timed |= set(((calibration.get("collectives") or {}).get("compression") or {}))

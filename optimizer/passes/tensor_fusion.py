@@ -18,10 +18,10 @@ LADDER_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 def tensor_fusion(analysis: RunAnalysis) -> Proposals:
     """Bucket caps from a quarter of a MB up to the first that holds every gradient, except the
     recorded cap."""
-    ddp = analysis.metas[min(analysis.ranks)].get("ddp") or [] if analysis.ranks else []
-    if not ddp or "buckets" not in ddp[0]:
+    layout = analysis.ddp_layout
+    if not layout or "buckets" not in layout:
         return Proposals(why="the job used no DistributedDataParallel (or its buckets were not recorded)")
-    recorded_mb = float(ddp[0]["bucket_cap_bytes"]) / 2 ** 20
+    recorded_mb = float(layout["bucket_cap_bytes"]) / 2 ** 20
     total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
     caps = []
     for mb in LADDER_MB:
