@@ -90,12 +90,11 @@ def per_send(fit: CollectiveFit, group_size: int | None = None) -> AlphaBeta:
 
 
 def calibrated_link_model(calibrations: dict[int, dict[str, Any]], link_class: str,
-                          rank_hosts: dict[int, str] | None = None) -> dict[tuple[str, str], AlphaBeta]:
+                          wire_bytes_per_ns: float | None = None) -> dict[tuple[str, str], AlphaBeta]:
     """The per-send model of every calibrated collective, for the run's ``link_class`` (the
     class of its default process group: ``intra`` on one host, else ``inter``), with the
-    measured rate of the links of that class (:func:`wire_rates`) where ``rank_hosts`` tells."""
-    wire = wire_rates(calibrations, rank_hosts).get(link_class) if rank_hosts else None
-    return {(coll, link_class): dataclasses.replace(per_send(fit), wire_bytes_per_ns=wire)
+    measured rate of the links of that class (:func:`wire_rates`) where it is known."""
+    return {(coll, link_class): dataclasses.replace(per_send(fit), wire_bytes_per_ns=wire_bytes_per_ns)
             for coll, fit in fit_collectives(calibrations).items()}
 
 

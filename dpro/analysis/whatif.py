@@ -72,9 +72,10 @@ def predict(analysis: RunAnalysis, change: Change, interference: bool = True) ->
     ``interference=False`` leaves durations independent of overlap."""
     graph = analysis.graph
     model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
-    calibrated = calibrated_link_model(analysis.calibrations, link_class(graph, sorted(graph.step_ns)), analysis.hosts)
-    model.update(calibrated)
     wires = wire_rates(analysis.calibrations, analysis.hosts)
+    cls = link_class(graph, sorted(graph.step_ns))
+    calibrated = calibrated_link_model(analysis.calibrations, cls, wires.get(cls))
+    model.update(calibrated)
     slowdown = _interference(analysis) if interference else None
     w = WhatIf(graph, model, slowdown)
     replayed = w.replay().step_ns
