@@ -62,13 +62,12 @@ def connection_rates(run: Run) -> pd.DataFrame:
                "retrans"]
     if not frames:
         return pd.DataFrame(columns=columns)
-    rates = _without_link_streams(pd.concat(frames, ignore_index=True), run)
+    rates = pd.concat(frames, ignore_index=True)
+    rates = _without_link_streams(rates.assign(local_ip=rates["local"].map(_ip), peer_ip=rates["peer"].map(_ip)), run)
     if rates.empty:
         return pd.DataFrame(columns=columns)
     heavy = max(MIN_BYTES, HEAVY_SHARE * rates["bytes"].max())
-    rates = rates[(rates["bytes"] >= heavy) & (rates["intervals"] > 0)].copy()
-    rates["local_ip"] = rates["local"].map(_ip)
-    rates["peer_ip"] = rates["peer"].map(_ip)
+    rates = rates[(rates["bytes"] >= heavy) & (rates["intervals"] > 0)]
     return rates[columns].reset_index(drop=True)
 
 
@@ -80,9 +79,9 @@ def _without_link_streams(rates: pd.DataFrame, run: Run) -> pd.DataFrame:
                  for link in (run.calibration(r).get("collectives") or {}).get("links") or [] if "listen" in link}
     if not listening:
         return rates
-    owner = dict(zip(rates["local"].map(_ip), rates["host"]))
+    owner = dict(zip(rates["local_ip"], rates["host"]))
     local = [(h, _port(e)) in listening for h, e in zip(rates["host"], rates["local"])]
-    peer = [(owner.get(_ip(e), ""), _port(e)) in listening for e in rates["peer"]]
+    peer = [(owner.get(ip, ""), _port(e)) in listening for ip, e in zip(rates["peer_ip"], rates["peer"])]
     return rates[~(np.array(local, bool) | np.array(peer, bool))]
 
 
