@@ -43,19 +43,24 @@ ENV_CALIBRATE = "DPRO_CALIBRATE"  # "0": no calibration (dpro record --no-calibr
 
 class _Window:
     """Which steps are profiled: warm-up steps ``[skip, skip+warmup)``, then ``steps`` recorded,
-    then one step recorded with the ops' input shapes (kept out of the window: shapes cost)."""
+    then, one step later, one step recorded with the ops' input shapes (kept out of the window:
+    shapes cost). The step between lets the job's other threads finish the window's last ops
+    with no profiler running: a profiler started as the window's stopped crashed the process
+    in Kineto when it stopped (``GenericActivityProfiler::processCpuTrace``, torch 2.13 on CPU
+    with gloo: 5 recordings of 80; none of 120 with the step between)."""
 
     def __init__(self, skip: int, warmup: int, steps: int) -> None:
         self.first = skip
         self.recorded = skip + warmup
         self.end = skip + warmup + steps
+        self.shapes = self.end + 1
 
     def phase(self, step: int) -> str:
         if self.first <= step < self.recorded:
             return "warmup"
         if self.recorded <= step < self.end:
             return "profiled"
-        return "shapes" if step == self.end else ""
+        return "shapes" if step == self.shapes else ""
 
     def schedule(self, step: int) -> Any:
         from torch.profiler import ProfilerAction
@@ -169,8 +174,9 @@ class _Recorder:
                     self.restore_sigterm()
                     self.run_calibration("collectives", lambda: calibration.collectives(
                         self.rank, metadata.rank_and_world_size()[1]))
-                    self.shapes_profiler = self.new_profiler(record_shapes=True)
-                    self.shapes_profiler.start()
+            elif self.step == self.window.shapes:
+                self.shapes_profiler = self.new_profiler(record_shapes=True)
+                self.shapes_profiler.start()
             elif self.shapes_profiler is not None:
                 shapes, self.shapes_profiler = self.shapes_profiler, None
                 shapes.stop()

@@ -12,7 +12,7 @@ This module alone knows where things live in a run directory (see ``docs/run-for
       ranks/<rank>/steps.csv        wall time of every step: step,start_ns,end_ns,phase
       ranks/<rank>/clock.json       offset of this rank's clock against rank 0
       ranks/<rank>/trace.json.gz    torch.profiler (Kineto) trace of the profiled steps
-      ranks/<rank>/trace-shapes.json.gz  one step after the window, profiled with input shapes
+      ranks/<rank>/trace-shapes.json.gz  the second step after the window, with input shapes
       ranks/<rank>/calibration.json the profiler's cost per event, the job's collectives timed
       ranks/<rank>/errors.log       failures of dpro's hooks in this rank (the job went on)
       nccl/<host>.<pid>.log         NCCL_DEBUG=INFO output, when NCCL is used
