@@ -2,8 +2,8 @@
 
 ``dpro record`` passes the settings in :data:`ENV_APPLY` (JSON, validated by the command):
 
-- ``bucket_cap_mb``: every ``DistributedDataParallel`` is built with this bucket cap, whatever
-  the script passed;
+- ``bucket_cap_mb``, ``gradient_as_bucket_view``: every ``DistributedDataParallel`` is built
+  with this bucket cap, with gradients as views into its buckets, whatever the script passed;
 - ``comm_hook`` (``fp16``, ``bf16``, ``powersgd`` with ``powersgd_rank``): registered on every
   ``DistributedDataParallel`` as its first forward pass begins, unless the script (or torch,
   for a fused optimizer) registered a hook already: DDP takes one, and the script's stays. A
@@ -23,6 +23,7 @@ import weakref
 from typing import Any, Callable
 
 ENV_APPLY = "DPRO_APPLY"
+CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view")  # DistributedDataParallel's arguments
 
 __all__ = ["ENV_APPLY", "Applier", "from_environment"]
 
@@ -47,17 +48,16 @@ class Applier:
         return {"settings": self.settings, "applied": list(self.applied), "left_out": list(self.left_out)}
 
     def install(self, ddp_class: Any, log_error: Callable[[str, BaseException], None]) -> None:
-        """Wrap ``ddp_class``'s constructor (the bucket cap) and ``forward`` (the hook)."""
+        """Wrap ``ddp_class``'s constructor (its arguments) and ``forward`` (the hook)."""
         construct, forward = ddp_class.__init__, ddp_class.forward
         signature = inspect.signature(construct)
         applier = self
 
         @functools.wraps(construct)
         def init(module: Any, *args: Any, **kwargs: Any) -> None:
-            args, kwargs, note = applier._with_bucket_cap(signature, module, args, kwargs, log_error)
+            args, kwargs, notes = applier._with_arguments(signature, module, args, kwargs, log_error)
             construct(module, *args, **kwargs)
-            if note:
-                applier.applied.append(note)
+            applier.applied.extend(notes)
 
         @functools.wraps(forward)
         def first_forward(module: Any, *args: Any, **kwargs: Any) -> Any:
@@ -75,23 +75,26 @@ class Applier:
         if self.settings.get("comm_hook"):
             ddp_class.forward = first_forward
 
-    def _with_bucket_cap(self, signature: inspect.Signature, module: Any, args: tuple, kwargs: dict,
-                         log_error: Callable[[str, BaseException], None]) -> tuple[tuple, dict, str]:
-        cap = self.settings.get("bucket_cap_mb")
-        if cap is None:
-            return args, kwargs, ""
+    def _with_arguments(self, signature: inspect.Signature, module: Any, args: tuple, kwargs: dict,
+                        log_error: Callable[[str, BaseException], None]) -> tuple[tuple, dict, list[str]]:
+        """The constructor's arguments with the strategy's in place of the script's, and a note of each."""
+        ours = {k: self.settings[k] for k in CONSTRUCTOR_SETTINGS if self.settings.get(k) is not None}
+        if not ours:
+            return args, kwargs, []
         try:
             bound = signature.bind(module, *args, **kwargs)
         except TypeError:  # the script's own call is wrong: let DDP say so
-            return args, kwargs, ""
+            return args, kwargs, []
         try:
-            before = bound.arguments.get("bucket_cap_mb")
-            bound.arguments["bucket_cap_mb"] = cap
-            note = f"bucket_cap_mb={cap:g}" + ("" if before is None else f" (the script's {before:g})")
-            return bound.args[1:], bound.kwargs, note
+            notes = []
+            for name, value in ours.items():
+                before = bound.arguments.get(name)
+                bound.arguments[name] = value
+                notes.append(f"{name}={_shown(value)}" + ("" if before is None else f" (the script's {_shown(before)})"))
+            return bound.args[1:], bound.kwargs, notes
         except Exception as e:
-            log_error("applying the strategy's bucket cap", e)
-            return args, kwargs, ""
+            log_error("applying the strategy's DistributedDataParallel arguments", e)
+            return args, kwargs, []
 
     def _register_hook(self, module: Any) -> None:
         name = self.settings["comm_hook"]
@@ -111,3 +114,7 @@ class Applier:
             module.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
                                              "bf16": default_hooks.bf16_compress_hook}[name])
             self.applied.append(f"comm_hook={name}")
+
+
+def _shown(value: Any) -> str:
+    return str(value) if isinstance(value, bool) or not isinstance(value, (int, float)) else f"{value:g}"

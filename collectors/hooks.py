@@ -43,10 +43,10 @@ ENV_CALIBRATE = "DPRO_CALIBRATE"  # "0": no calibration (dpro record --no-calibr
 
 class _Window:
     """Which steps are profiled: warm-up steps ``[skip, skip+warmup)``, then ``steps`` recorded,
-    then, one step later, one step recorded with the ops' input shapes (kept out of the window:
-    shapes cost). The step between lets the job's other threads finish the window's last ops
-    with no profiler running: a profiler started as the window's stopped crashed the process
-    in Kineto when it stopped (``GenericActivityProfiler::processCpuTrace``, torch 2.13 on CPU
+    then, one step later, one step recorded with the ops' input shapes and the allocator's
+    events (kept out of the window: both cost). The step between lets the job's other threads
+    finish the window's last ops with no profiler running: a profiler started as the window's
+    stopped crashed the process in Kineto when it stopped (``GenericActivityProfiler::processCpuTrace``, torch 2.13 on CPU
     with gloo: 5 recordings of 80; none of 120 with the step between)."""
 
     def __init__(self, skip: int, warmup: int, steps: int) -> None:
@@ -93,6 +93,7 @@ class _Recorder:
         self.profiler: Any = None
         self.shapes_profiler: Any = None
         self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every optimizer that stepped
         self.previous_sigterm: Any = None
 
     # -- failures ---------------------------------------------------------------------------
@@ -135,8 +136,8 @@ class _Recorder:
         from dpro.collectors import metadata
 
         assert self.rank_dir is not None
-        metadata.write_rank_metadata(self.rank_dir / META_FILE, self.window_options(),
-                                     list(self.ddp_modules), self.applier.report() if self.applier else None)
+        metadata.write_rank_metadata(self.rank_dir / META_FILE, self.window_options(), list(self.ddp_modules),
+                                     list(self.optimizers), self.applier.report() if self.applier else None)
 
     def window_options(self) -> dict[str, int]:
         w = self.window
@@ -175,7 +176,7 @@ class _Recorder:
                     self.run_calibration("collectives", lambda: calibration.collectives(
                         self.rank, metadata.rank_and_world_size()[1]))
             elif self.step == self.window.shapes:
-                self.shapes_profiler = self.new_profiler(record_shapes=True)
+                self.shapes_profiler = self.new_profiler(record_shapes=True, profile_memory=True)
                 self.shapes_profiler.start()
             elif self.shapes_profiler is not None:
                 shapes, self.shapes_profiler = self.shapes_profiler, None
@@ -298,6 +299,7 @@ def _guarded(where: str):
 
 @_guarded("optimizer step hook")
 def _on_optimizer_step(rec: _Recorder, optimizer: Any, args: Any, kwargs: Any) -> None:
+    rec.optimizers.add(optimizer)
     if rec.step_owner is None:
         rec.step_owner = id(optimizer)
     if rec.step_owner == id(optimizer):

@@ -115,9 +115,22 @@ def ddp_layout(ddp: Any) -> dict[str, Any]:
             "buckets": buckets}
 
 
+def memory(ddp_modules: list[Any], optimizers: list[Any]) -> dict[str, int]:
+    """Bytes the step holds throughout: the DDP modules' parameters, their gradients (those that
+    require one) and the optimizers' state tensors."""
+    import torch
+
+    params = {id(p): p for m in ddp_modules for p in m.module.parameters()}.values()
+    state = {id(t): t for o in optimizers for s in o.state.values() for t in s.values() if torch.is_tensor(t)}.values()
+    return {"parameters_bytes": sum(p.numel() * p.element_size() for p in params),
+            "gradients_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+            "optimizer_state_bytes": sum(t.numel() * t.element_size() for t in state)}
+
+
 def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules: list[Any],
-                        applied: dict[str, Any] | None = None) -> None:
-    """Write this rank's ``meta.json``; ``applied``: what ``dpro record --apply`` did."""
+                        optimizers: list[Any], applied: dict[str, Any] | None = None) -> None:
+    """Write this rank's ``meta.json``; ``optimizers``: those that stepped so far; ``applied``:
+    what ``dpro record --apply`` did."""
     import torch.distributed as dist
 
     rank, world_size = rank_and_world_size()
@@ -131,6 +144,7 @@ def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules
         "process_groups": _section(process_groups), "versions": _section(versions),
         "devices": _section(devices), "profiler_window": profiler_window,
         "ddp": [_section(ddp_layout, m) for m in ddp_modules],
+        "memory": _section(memory, ddp_modules, optimizers),
         "environment": redact_environment(os.environ),
     }
     if applied is not None:

@@ -11,6 +11,10 @@
    the step and cooling by :data:`COOLING` a move; a walk frozen in a minimum restarts from a
    state not yet predicted. Predictions are cached, so a small space is covered whole; the
    search ends when it is, or when the time budget would be overrun.
+
+With a memory budget, a strategy whose memory estimate (:mod:`dpro.optimizer.memory`) exceeds
+it on any rank is not predicted and not proposed (the recorded configuration is still
+predicted: every speed-up is against it).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpro.analysis.compare import critical_path_breakdown
+from dpro.analysis.memory import rank_memory
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.whatif import predict
 from dpro.errors import DproError
 
+from dpro.optimizer.memory import strategy_memory_bytes
 from dpro.optimizer.passes import PASSES
 from dpro.optimizer.strategy import Strategy
 
@@ -40,11 +46,13 @@ COOLING = 0.9
 
 @dataclass(frozen=True)
 class Evaluated:
-    """A strategy and the cost model's prediction for it."""
+    """A strategy, the cost model's prediction for it and its memory estimate (bytes, the
+    largest rank's; None where the run did not measure memory)."""
 
     strategy: Strategy
     predicted_step_ms: float
     prediction: dict[str, Any]
+    memory_bytes: int | None = None
 
 
 @dataclass
@@ -60,12 +68,22 @@ class SearchResult:
     elapsed_s: float = 0.0
     exhaustive: bool = False
     exposed_communication_ms: float = 0.0
+    memory_budget_bytes: float | None = None
+    over_memory_budget: int = 0  # strategies left out by the memory budget
 
 
-def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, seed: int = 0) -> SearchResult:
+def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, seed: int = 0,
+           memory_budget_gb: float | None = None) -> SearchResult:
     """Search strategies for the recorded run (see the module docstring) for at most
-    ``budget_s`` seconds; ``exact_only``: leave out strategies that change the numerics."""
+    ``budget_s`` seconds; ``exact_only``: leave out strategies that change the numerics;
+    ``memory_budget_gb``: leave out strategies estimated to need more memory on a rank (GB, 1e9 bytes)."""
     started = time.monotonic()
+    memory = rank_memory(analysis)
+    if memory_budget_gb is not None and not memory:
+        raise DproError(f"{analysis.root} holds no memory measurement (recorded before dpro measured memory): "
+                        "a memory budget cannot be checked")
+    budget_bytes = None if memory_budget_gb is None else memory_budget_gb * 1e9
+    layout = analysis.ddp_layout
     baseline = [v for v in analysis.unprofiled_step_ns.values() if v == v]
     if not baseline:
         raise DproError(f"{analysis.root} has no step outside the profiling window to optimize against "
@@ -86,11 +104,18 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
         axes.append((name, options))
     space = math.prod(len(options) + 1 for _, options in axes)
     cache: dict[tuple[int, ...], Evaluated | None] = {}
+    over_budget: set[tuple[int, ...]] = set()
     clock = _Budget(started, budget_s)
 
     def evaluate(state: tuple[int, ...], always: bool = False) -> Evaluated | None:
         if state not in cache and (always or clock.allows()):
-            cache[state] = clock.timed(lambda: _evaluate(analysis, axes, state, notes))
+            strategy = _strategy(axes, state)
+            needs = strategy_memory_bytes(strategy.settings, memory, layout)
+            if not always and budget_bytes is not None and needs is not None and needs > budget_bytes:
+                over_budget.add(state)
+                cache[state] = None
+            else:
+                cache[state] = clock.timed(lambda: _evaluate(analysis, strategy, needs, notes))
         return cache.get(state)
 
     recorded = evaluate((0,) * len(axes), always=True)  # the baseline every strategy is compared with
@@ -105,28 +130,41 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                     key=lambda s: cache[s].predicted_step_ms)
         _anneal(evaluate, axes, start, recorded.predicted_step_ms, clock, cache.__contains__,
                 lambda: len(cache) >= space, random.Random(seed))
+    found = [e for e in cache.values() if e is not None]
+    if budget_bytes is not None:
+        if recorded.memory_bytes is not None and recorded.memory_bytes > budget_bytes:
+            notes.append(f"the recorded configuration needs {recorded.memory_bytes / 1e9:.3g} GB, over the "
+                         f"{memory_budget_gb:g} GB budget")
+            found.remove(recorded)
+        if over_budget:
+            notes.append(f"{len(over_budget)} strategies left out: estimated to need more than {memory_budget_gb:g} GB")
+        if not found:
+            least = min(strategy_memory_bytes(_strategy(axes, s).settings, memory, layout) for s in over_budget | {
+                (0,) * len(axes)})
+            raise DproError(f"no strategy fits in {memory_budget_gb:g} GB: the least any needs is {least / 1e9:.3g} GB")
     # equal predictions (a bucket cap that changes nothing): the strategy with fewer changes first
-    found = sorted((e for e in cache.values() if e is not None),
-                   key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
+    found.sort(key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
     return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space, len(cache),
-                        time.monotonic() - started, len(cache) == space, exposed_ms)
+                        time.monotonic() - started, len(cache) == space, exposed_ms, budget_bytes, len(over_budget))
 
 
-def _evaluate(analysis: RunAnalysis, axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...],
-              notes: list[str]) -> Evaluated | None:
+def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...]) -> Strategy:
     settings: dict[str, Any] = {}
     passes = []
     for (name, options), i in zip(axes, state):
         if i:
             settings.update(options[i - 1])
             passes.append(name)
-    strategy = Strategy(settings, tuple(passes))
+    return Strategy(settings, tuple(passes))
+
+
+def _evaluate(analysis: RunAnalysis, strategy: Strategy, memory_bytes: int | None, notes: list[str]) -> Evaluated | None:
     try:
         prediction = predict(analysis, strategy.change())
     except DproError as e:
         notes.append(f"{strategy.name}: not predicted: {e}")
         return None
-    return Evaluated(strategy, prediction["predicted_step_ms"], prediction)
+    return Evaluated(strategy, prediction["predicted_step_ms"], prediction, memory_bytes)
 
 
 def _anneal(evaluate: Any, axes: list[tuple[str, list[dict[str, Any]]]], start: tuple[int, ...], step_ms: float,

@@ -6,6 +6,9 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
 - ``comm_hook``: ``fp16`` or ``bf16`` (DDP's compression hooks) or ``powersgd`` with
   ``powersgd_rank`` (``matrix_approximation_rank``; ``start_powerSGD_iter`` 2, from the first
   steps on). Compression changes the numerics: such a strategy is ``lossy``.
+- ``gradient_as_bucket_view``: ``True`` makes the gradients views into DDP's buckets
+  (``DistributedDataParallel(gradient_as_bucket_view=True)``): one copy of them instead of two,
+  and no copy into the buckets. Exact.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dpro.errors import DproError
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
-SETTINGS = ("bucket_cap_mb", "comm_hook", "powersgd_rank")
+SETTINGS = ("bucket_cap_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view")
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
 
@@ -49,6 +52,8 @@ class Strategy:
         hook = self.settings.get("comm_hook")
         if hook:
             parts.append(f"powersgd-{self.settings['powersgd_rank']}" if hook == "powersgd" else hook)
+        if self.settings.get("gradient_as_bucket_view"):
+            parts.append("grad-as-bucket-view")
         return "+".join(parts) or "as-recorded"
 
     @property
@@ -65,8 +70,13 @@ class Strategy:
     def code(self) -> list[str]:
         """The code change that makes the job run this strategy, one line each."""
         lines = []
+        arguments = []
         if "bucket_cap_mb" in self.settings:
-            lines.append(f"model = DistributedDataParallel(module, ..., bucket_cap_mb={self.settings['bucket_cap_mb']:g})")
+            arguments.append(f"bucket_cap_mb={self.settings['bucket_cap_mb']:g}")
+        if self.settings.get("gradient_as_bucket_view"):
+            arguments.append("gradient_as_bucket_view=True")
+        if arguments:
+            lines.append(f"model = DistributedDataParallel(module, ..., {', '.join(arguments)})")
         hook = self.settings.get("comm_hook")
         if hook in ("fp16", "bf16"):
             lines += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
@@ -95,6 +105,9 @@ def validate(settings: dict[str, Any]) -> None:
         raise StrategyError("powersgd_rank goes with comm_hook powersgd, and only with it")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
         raise StrategyError(f"powersgd_rank must be a positive integer, not {rank!r}")
+    view = settings.get("gradient_as_bucket_view")
+    if view is not None and not isinstance(view, bool):
+        raise StrategyError(f"gradient_as_bucket_view must be true or false, not {view!r}")
 
 
 def read_strategy(path: str | os.PathLike) -> Strategy:

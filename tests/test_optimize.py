@@ -3,6 +3,7 @@ strategies and their files."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -10,12 +11,16 @@ from pathlib import Path
 import pytest
 
 from dpro.analysis import RunAnalysis
-from dpro.optimizer.passes import compression, tensor_fusion
+from dpro.analysis.memory import rank_memory
+from dpro.graph.kineto.memory import memory_peaks
+from dpro.optimizer.passes import compression, memory, tensor_fusion
+from dpro.optimizer.report import report
+from dpro.optimizer.report_html import write_html
 from dpro.optimizer.search import search
 from dpro.optimizer.strategy import Strategy, StrategyError, read_strategy
 from dpro.run_format import open_run
 
-from .conftest import EXAMPLE, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
+from .conftest import DATA, EXAMPLE, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +34,9 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     assert s.change().bucket_cap_mb == 50 and s.change().compress == "powersgd:2"
     assert any("bucket_cap_mb=50" in line for line in s.code())
     assert any("matrix_approximation_rank=2" in line for line in s.code())
-    exact = Strategy({"bucket_cap_mb": 5})
-    assert not exact.lossy and exact.change().compress is None
+    exact = Strategy({"bucket_cap_mb": 5, "gradient_as_bucket_view": True})
+    assert not exact.lossy and exact.change().compress is None and exact.name == "bucket-cap-5mb+grad-as-bucket-view"
+    assert exact.code() == ["model = DistributedDataParallel(module, ..., bucket_cap_mb=5, gradient_as_bucket_view=True)"]
     assert Strategy().name == "as-recorded" and Strategy().code() == []
 
 
@@ -40,6 +46,7 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     ({"comm_hook": "int8"}, "comm_hook must be one of"),
     ({"comm_hook": "powersgd"}, "powersgd_rank goes with"),
     ({"comm_hook": "powersgd", "powersgd_rank": 0}, "positive integer"),
+    ({"gradient_as_bucket_view": "yes"}, "true or false"),
 ])
 def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
     with pytest.raises(StrategyError, match=fragment):
@@ -84,6 +91,16 @@ def test_compression_proposes_the_hooks_the_calibration_timed(analysis: RunAnaly
     assert {"comm_hook": "powersgd", "powersgd_rank": 2} in proposals
 
 
+def test_the_memory_pass_proposes_gradients_as_bucket_views_unless_the_job_has_them(analysis: RunAnalysis) -> None:
+    assert memory(analysis).settings == [{"gradient_as_bucket_view": True}]
+
+    class Viewing:
+        ddp_layout = {**analysis.ddp_layout, "gradient_as_bucket_view": True}
+
+    found = memory(Viewing())
+    assert not found.settings and "views into DDP's buckets already" in found.why
+
+
 def test_the_search_covers_a_small_space_and_ranks_every_strategy(analysis: RunAnalysis) -> None:
     result = search(analysis, budget_s=120)
     assert result.exhaustive and len(result.evaluated) == result.space
@@ -104,6 +121,19 @@ def test_exact_only_leaves_lossy_strategies_out(analysis: RunAnalysis) -> None:
     assert any(n.startswith("compression: only lossy") for n in result.notes), result.notes
 
 
+def test_the_html_report_splits_each_step_and_shows_each_timeline(analysis: RunAnalysis, tmp_path: Path) -> None:
+    data = report(search(analysis, budget_s=60))
+    changing = [s["name"] for s in data["strategies"] if s["apply"]]
+    write_html(analysis, data, tmp_path / "report.html", shown=2)
+    html = (tmp_path / "report.html").read_text()
+    assert html.count("<table") == 1 and html.count("<tr>") == 1 + len(data["strategies"])
+    for category in ("compute", "communication", "waiting", "launch-bound", "idle"):
+        assert f'"name":"{category}"' in html
+    assert "measured (the profiled window" in html and "predicted: recorded" in html
+    assert [name for name in changing if f'"predicted: {name}"' in html] == changing[:2]
+    assert "plotly.js" in html.lower() or "Plotly.newPlot" in html
+
+
 def test_optimize_writes_its_reports_and_refuses_to_overwrite_them(recorded_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "opt"
     done = dpro("optimize", recorded_run, "--json", "-o", out, "--budget", "120")
@@ -117,6 +147,7 @@ def test_optimize_writes_its_reports_and_refuses_to_overwrite_them(recorded_run:
     assert strategy["name"] == best["name"] and strategy["settings"] == best["apply"]
     assert read_strategy(out / "strategy.json").name == best["name"]
     assert (out / "report.md").read_text().startswith("# dpro optimize")
+    assert "Where the step goes" in (out / "report.html").read_text()
     assert len(list((out / "strategies").glob("*.json"))) == len(data["strategies"])
     text = dpro("optimize", recorded_run, "--budget", "120")
     assert text.returncode == 0, text.stderr
@@ -141,12 +172,15 @@ def _record_applying(tmp_path: Path, settings: dict, *job: str):
 
 def test_apply_sets_the_bucket_cap_and_hook_of_a_real_job_and_compare_checks_its_prediction(
         tmp_path: Path, recorded_run: Path) -> None:
-    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 0.5, "comm_hook": "fp16"}, "--bucket-cap-mb", "25")
+    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 0.5, "comm_hook": "fp16", "gradient_as_bucket_view": True},
+                                   "--bucket-cap-mb", "25")
     for rank in (0, 1):
         meta = json.loads((run / "ranks" / str(rank) / "meta.json").read_text())
-        assert meta["applied"]["applied"] == ["bucket_cap_mb=0.5 (the script's 25)", "comm_hook=fp16"]
+        assert meta["applied"]["applied"] == ["bucket_cap_mb=0.5 (the script's 25)", "gradient_as_bucket_view=True",
+                                              "comm_hook=fp16"]
         ddp = meta["ddp"][0]
         assert ddp["bucket_cap_bytes"] == 2 ** 19 and ddp["comm_hook"] == "fp16_compress_hook"
+        assert ddp["gradient_as_bucket_view"] is True
     assert json.loads((run / "run.json").read_text())["options"]["apply"]["settings"]["comm_hook"] == "fp16"
     assert "rank 0: applied bucket_cap_mb=0.5" in stderr
     done = dpro("compare", recorded_run, run, "--json")
@@ -154,11 +188,12 @@ def test_apply_sets_the_bucket_cap_and_hook_of_a_real_job_and_compare_checks_its
     result = json.loads(done.stdout)
     assert result["speedup"] == pytest.approx(result["a"]["step_ms"] / result["b"]["step_ms"])
     prediction = result["prediction"]
-    assert prediction["strategy"] == "bucket-cap-0.5mb+fp16" and prediction["predicted_step_ms"] == 1.0
+    assert prediction["strategy"] == "bucket-cap-0.5mb+fp16+grad-as-bucket-view" and prediction["predicted_step_ms"] == 1.0
     assert prediction["error_pct"] == pytest.approx(100 * (1.0 / result["b"]["step_ms"] - 1))
     assert set(result["breakdown"]["a"]) >= {"span", "compute", "communication"}
     text = dpro("compare", recorded_run, run).stdout
-    assert "measured speed-up: " in text and "prediction: bucket-cap-0.5mb+fp16 was predicted at 1.00 ms" in text
+    assert "measured speed-up: " in text
+    assert "prediction: bucket-cap-0.5mb+fp16+grad-as-bucket-view was predicted at 1.00 ms" in text
     assert "critical path, ms" in text
     assert_one_line_error(dpro("compare", recorded_run, tmp_path / "missing"), "missing")
 
@@ -203,3 +238,40 @@ def test_bad_strategy_files_are_one_line_errors_and_record_nothing(tmp_path: Pat
     done = dpro("record", "-o", tmp_path / "run", "--apply", strategy, "--", "python", "-c", "pass")
     assert_one_line_error(done, fragment)
     assert not (tmp_path / "run").exists()
+
+
+def test_memory_peaks_follow_the_allocator_of_a_public_gpu_trace() -> None:
+    trace = DATA / "gpu" / "v100-resnet50-worker0.json.gz"
+    events = [e for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"] if e.get("name") == "[memory]"]
+    running, top = 0, 0
+    for e in sorted((e for e in events if e["args"]["Device Type"] == 1), key=lambda e: e["ts"]):
+        running += e["args"]["Bytes"]
+        top = max(top, running)
+    peaks = {p.device: p for p in memory_peaks(trace)}
+    assert set(peaks) == {"cpu", "cuda:0"} and peaks["cuda:0"].added_bytes == top > 2e9
+    assert memory_peaks(DATA / "gpu" / "a100-2rank-ddp-rank0.json.gz") == []
+
+
+def test_the_recorded_run_measures_each_ranks_memory(analysis: RunAnalysis) -> None:
+    memory = rank_memory(analysis)
+    assert sorted(memory) == analysis.ranks
+    for m in memory.values():
+        assert m.parameters_bytes == m.gradients_bytes == m.buckets_bytes > 0
+        assert m.optimizer_state_bytes >= 2 * m.parameters_bytes  # AdamW: two moments per parameter
+        assert m.added_bytes and m.added_bytes > 0 and m.device == "cpu"
+        assert m.peak_bytes == 3 * m.parameters_bytes + m.optimizer_state_bytes + m.added_bytes
+
+
+def test_search_respects_the_memory_budget(analysis: RunAnalysis) -> None:
+    recorded = max(m.peak_bytes for m in rank_memory(analysis).values())
+    view = recorded - max(m.buckets_bytes for m in rank_memory(analysis).values())
+    budget_gb = (recorded + view) / 2 / 1e9  # the buckets' copy of the gradients must go
+    result = search(analysis, budget_s=60, memory_budget_gb=budget_gb)
+    assert result.evaluated and all(e.memory_bytes <= budget_gb * 1e9 for e in result.evaluated)
+    assert all(e.strategy.settings.get("gradient_as_bucket_view") for e in result.evaluated)
+    assert result.over_memory_budget > 0 and any("over the" in n for n in result.notes)
+    unbounded = search(analysis, budget_s=60)
+    assert any(not e.strategy.settings for e in unbounded.evaluated)
+    assert max(e.memory_bytes for e in unbounded.evaluated) > budget_gb * 1e9
+    too_small = dpro("optimize", analysis.root, "--memory-budget", str(view / 2 / 1e9))
+    assert_one_line_error(too_small, "no strategy fits in")

@@ -33,22 +33,24 @@ The unanchored replay is reported beside it.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from dpro.errors import DproError
+from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
 from dpro.replayer.linkmodel import calibrated_link_model, wire_rates
+from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["COMPRESSIONS", "Change", "predict"]
+__all__ = ["COMPRESSIONS", "Change", "Prediction", "predict"]
 
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
@@ -70,44 +72,61 @@ def predict(analysis: RunAnalysis, change: Change, interference: bool = True) ->
     ``baseline_step_ms`` (measured, unprofiled), ``replayed_step_ms`` (the unchanged replay),
     ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did.
     ``interference=False`` leaves durations independent of overlap."""
-    graph = analysis.graph
-    model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
-    wires = wire_rates(analysis.calibrations, analysis.hosts)
-    cls = link_class(graph, sorted(graph.step_ns))
-    calibrated = calibrated_link_model(analysis.calibrations, cls, wires.get(cls))
-    model.update(calibrated)
-    slowdown = _interference(analysis) if interference else None
-    w = WhatIf(graph, model, slowdown)
-    replayed = w.replay().step_ns
-    details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
-                               "link_mbit_s": {cls: round(rate * 8e3, 1) for cls, rate in sorted(wires.items())},
-                               "interference": None if slowdown is None else asdict(slowdown)}
-    if change.bucket_cap_mb is not None or change.compress is not None:
-        layout = _layout(analysis)
-        ddp = _ddp_buckets(analysis, graph)
-        buckets = _buckets(layout, change.bucket_cap_mb)
-        if change.bucket_cap_mb is not None:
-            ddp = _rebucket(w, layout, ddp, buckets)
-            details["buckets_bytes"] = [b for _, b in ddp]
-        if change.compress is not None and change.compress.startswith("powersgd:"):
-            details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
-        elif change.compress is not None:
-            details["compression"] = _compress(w, analysis, ddp, change.compress)
-    if change.world_size is not None:
-        details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
-    if change.bandwidth_scale is not None:
-        w.set_link_bandwidth(change.bandwidth_scale)
-    changed = w.replay().step_ns
-    baseline = analysis.unprofiled_step_ns
-    per_rank = []
-    for r in sorted(changed):
-        anchored = baseline[r] * changed[r] / replayed[r] if baseline[r] == baseline[r] else changed[r]
-        per_rank.append({"rank": r, "baseline_step_ms": _ms(baseline[r]), "replayed_step_ms": replayed[r] / 1e6,
-                         "predicted_step_ms": anchored / 1e6, "unanchored_step_ms": changed[r] / 1e6})
-    job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms", "predicted_step_ms",
-                                                    "unanchored_step_ms")}
-    return {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
-            "per_rank": per_rank}
+    return Prediction.of(analysis, change, interference).summary
+
+
+@dataclass
+class Prediction:
+    """A change replayed: :attr:`summary` (what :func:`predict` returns), the changed graph and
+    its replay (the predicted timeline, unanchored)."""
+
+    summary: dict[str, Any]
+    graph: DataflowGraph
+    replay: Replay
+
+    @classmethod
+    def of(cls, analysis: RunAnalysis, change: Change, interference: bool = True) -> "Prediction":
+        """Replay the recorded run with ``change`` made (see :func:`predict`)."""
+        graph = analysis.graph
+        model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
+        wires = wire_rates(analysis.calibrations, analysis.hosts)
+        cls_ = link_class(graph, sorted(graph.step_ns))
+        calibrated = calibrated_link_model(analysis.calibrations, cls_, wires.get(cls_))
+        model.update(calibrated)
+        slowdown = _interference(analysis) if interference else None
+        w = WhatIf(graph, model, slowdown)
+        replayed = w.replay().step_ns
+        details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
+                                   "link_mbit_s": {c: round(rate * 8e3, 1) for c, rate in sorted(wires.items())},
+                                   "interference": None if slowdown is None else asdict(slowdown)}
+        if change.bucket_cap_mb is not None or change.compress is not None:
+            layout = _layout(analysis)
+            ddp = _ddp_buckets(analysis, graph)
+            buckets = _buckets(layout, change.bucket_cap_mb)
+            if change.bucket_cap_mb is not None:
+                ddp = _rebucket(w, layout, ddp, buckets)
+                details["buckets_bytes"] = [b for _, b in ddp]
+            if change.compress is not None and change.compress.startswith("powersgd:"):
+                details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
+            elif change.compress is not None:
+                details["compression"] = _compress(w, analysis, ddp, change.compress)
+        if change.world_size is not None:
+            details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
+        if change.bandwidth_scale is not None:
+            w.set_link_bandwidth(change.bandwidth_scale)
+        result = w.replay()
+        changed = result.step_ns
+        baseline = analysis.unprofiled_step_ns
+        per_rank = []
+        for r in sorted(changed):
+            anchored = baseline[r] * changed[r] / replayed[r] if baseline[r] == baseline[r] else changed[r]
+            per_rank.append({"rank": r, "baseline_step_ms": _ms(baseline[r]), "replayed_step_ms": replayed[r] / 1e6,
+                             "predicted_step_ms": anchored / 1e6, "unanchored_step_ms": changed[r] / 1e6})
+        job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms",
+                                                        "predicted_step_ms", "unanchored_step_ms")}
+        summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
+                   "per_rank": per_rank}
+        return cls(summary, replace(graph, edges=w.edges), result)
 
 
 def _interference(analysis: RunAnalysis) -> Interference | None:

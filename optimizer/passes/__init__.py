@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dpro.optimizer.passes.base import Proposals
 from dpro.optimizer.passes.compression import compression
+from dpro.optimizer.passes.memory import memory
 from dpro.optimizer.passes.tensor_fusion import tensor_fusion
 
-PASSES = {"tensor_fusion": tensor_fusion, "compression": compression}
+PASSES = {"tensor_fusion": tensor_fusion, "compression": compression, "memory": memory}
 
-__all__ = ["PASSES", "Proposals"]
+__all__ = ["PASSES", "Proposals", "compression", "memory", "tensor_fusion"]

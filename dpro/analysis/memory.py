@@ -1,0 +1,80 @@
+"""Each rank's memory in a step: what it holds throughout and what the step adds at its peak.
+
+- **Held**: the parameters, their gradients, DDP's gradient buckets (a second copy of the
+  gradients, unless ``gradient_as_bucket_view``) and the optimizer's state, measured on the
+  tensors as the profiling window began (``meta.json`` ``memory``; the buckets from ``ddp``).
+- **Added**: the most the step allocated on top of what it began with (activations kept for
+  the backward pass, temporaries), from the allocator's events of the step profiled after the
+  window (``trace-shapes.json.gz``, recorded with ``profile_memory``).
+
+The estimate is their sum. On the CPU, memory freed by the step that was allocated before the
+profiler started is not seen, so a job that frees its gradients every step
+(``zero_grad(set_to_none=True)``) has them counted twice: the estimate errs high.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dpro.graph.kineto import TraceFormatError
+from dpro.graph.kineto.memory import memory_peaks
+from dpro.run_format import SHAPES_TRACE_FILE
+
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["RankMemory", "rank_memory"]
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory, bytes; ``added_bytes`` None where the step's memory was not recorded."""
+
+    parameters_bytes: int
+    gradients_bytes: int
+    buckets_bytes: int
+    gradient_as_bucket_view: bool
+    optimizer_state_bytes: int
+    added_bytes: int | None
+    device: str | None
+
+    @property
+    def held_bytes(self) -> int:
+        buckets = 0 if self.gradient_as_bucket_view else self.buckets_bytes
+        return self.parameters_bytes + self.gradients_bytes + buckets + self.optimizer_state_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.held_bytes + (self.added_bytes or 0)
+
+
+def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
+    """:class:`RankMemory` of every rank whose metadata measured its tensors (runs recorded
+    before dpro measured memory have none)."""
+    found = {}
+    for rank, meta in analysis.metas.items():
+        held = meta.get("memory")
+        if not isinstance(held, dict) or "parameters_bytes" not in held:
+            continue
+        ddp = [d for d in meta.get("ddp") or [] if "buckets" in d]
+        added, device = _added(analysis, rank)
+        found[rank] = RankMemory(
+            int(held["parameters_bytes"]), int(held["gradients_bytes"]),
+            sum(int(b["bytes"]) for d in ddp for b in d["buckets"]),
+            bool(ddp) and all(d.get("gradient_as_bucket_view") for d in ddp),
+            int(held.get("optimizer_state_bytes") or 0), added, device)
+    return found
+
+
+def _added(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None]:
+    """The step's peak added bytes on its busiest device, and that device."""
+    path = analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE
+    if not path.exists():
+        return None, None
+    try:
+        peaks = memory_peaks(path)
+    except TraceFormatError:
+        return None, None
+    if not peaks:
+        return None, None
+    top = max(peaks, key=lambda p: p.added_bytes)
+    return top.added_bytes, top.device
+

@@ -1,0 +1,49 @@
+"""The memory a strategy needs: each rank's recorded estimate (:mod:`dpro.analysis.memory`)
+with what the strategy's settings change.
+
+- ``gradient_as_bucket_view``: the buckets' copy of the gradients is gone.
+- ``fp16``/``bf16``: a bucket's compressed copy while it is reduced (half the largest bucket).
+- ``powersgd``: the error feedback, a tensor the size of each bucket, kept from step to step,
+  and each compressed matrix's factors P and Q (``(rows + columns) × rank`` each, kept for the
+  warm start).
+- the bucket cap: the buckets hold the same gradients, cut differently; no change.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dpro.analysis.memory import RankMemory
+
+__all__ = ["strategy_memory_bytes"]
+
+FLOAT_BYTES = 4
+
+
+def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory],
+                          layout: dict[str, Any] | None) -> int | None:
+    """The most any rank needs under ``settings``, bytes; None where memory was not measured."""
+    if not memory:
+        return None
+    return max(_rank_bytes(settings, m, layout or {}) for m in memory.values())
+
+
+def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:
+    total = m.peak_bytes
+    if settings.get("gradient_as_bucket_view") and not m.gradient_as_bucket_view:
+        total -= m.buckets_bytes
+    buckets = [int(b["bytes"]) for b in layout.get("buckets", [])]
+    hook = settings.get("comm_hook")
+    if hook in ("fp16", "bf16") and buckets:
+        total += max(buckets) // 2
+    elif hook == "powersgd":
+        total += m.buckets_bytes
+        rank = int(settings["powersgd_rank"])
+        for bucket in layout.get("buckets", []):
+            for p in bucket["params"]:
+                shape = p["shape"]
+                if len(shape) > 1:
+                    rows, columns = shape[0], math.prod(shape[1:])
+                    total += (rows + columns) * min(rank, rows, columns) * FLOAT_BYTES
+    return total
