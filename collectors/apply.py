@@ -8,6 +8,8 @@
   ``DistributedDataParallel`` as its first forward pass begins, unless the script (or torch,
   for a fused optimizer) registered a hook already: DDP takes one, and the script's stays. A
   hook DDP refuses (bf16 without CUDA and NCCL) is left out too; the job runs without it.
+- ``activation_checkpointing`` needs a change to the model's code (the strategy's ``code``):
+  it is left out, and said so.
 
 What was applied and what was left out goes to the rank's ``meta.json`` (``applied``). A
 failure here is logged and the job goes on as the script wrote it.
@@ -41,6 +43,9 @@ class Applier:
         self.settings = dict(settings)
         self.applied: list[str] = []
         self.left_out: list[str] = []
+        if self.settings.get("activation_checkpointing"):
+            self.left_out.append(f"activation_checkpointing={self.settings['activation_checkpointing']} "
+                                 "(a change to the model's code: see the strategy's code)")
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # the modules whose hook was decided
 
     def report(self) -> dict[str, Any]:

@@ -6,6 +6,10 @@ with what the strategy's settings change.
 - ``powersgd``: the error feedback, a tensor the size of each bucket, kept from step to step,
   and each compressed matrix's factors P and Q (``(rows + columns) × rank`` each, kept for the
   warm start).
+- ``activation_checkpointing`` of a list of ``L`` blocks: of what the step adds on top of what
+  it holds (taken as activations), ``2 / L`` stays: the blocks' inputs, kept, and one block's
+  activations while the backward pass recomputes it. Approximate: a model's activations are
+  not all inside its blocks, nor spread evenly over them.
 - the bucket cap: the buckets hold the same gradients, cut differently; no change.
 """
 
@@ -15,6 +19,8 @@ import math
 from typing import Any
 
 from dpro.analysis.memory import RankMemory
+
+from dpro.optimizer.passes.checkpointing import block_lists
 
 __all__ = ["strategy_memory_bytes"]
 
@@ -31,6 +37,10 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
 
 def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:
     total = m.peak_bytes
+    blocks = settings.get("activation_checkpointing")
+    if blocks and m.added_bytes:
+        count = block_lists(layout).get(blocks, (1, 0))[0]
+        total -= round(m.added_bytes * (1 - min(1.0, 2 / count)))
     if settings.get("gradient_as_bucket_view") and not m.gradient_as_bucket_view:
         total -= m.buckets_bytes
     buckets = [int(b["bytes"]) for b in layout.get("buckets", [])]

@@ -9,6 +9,10 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
 - ``gradient_as_bucket_view``: ``True`` makes the gradients views into DDP's buckets
   (``DistributedDataParallel(gradient_as_bucket_view=True)``): one copy of them instead of two,
   and no copy into the buckets. Exact.
+- ``activation_checkpointing``: the name of a list of the model's blocks (``"blocks"`` for
+  ``model.blocks[0]``, ``model.blocks[1]``, ...) each run under
+  ``torch.utils.checkpoint.checkpoint``: the backward pass recomputes their activations instead
+  of keeping them. Exact (the same numbers, computed twice); a code change ``--apply`` cannot make.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dpro.errors import DproError
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
-SETTINGS = ("bucket_cap_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view")
+SETTINGS = ("bucket_cap_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view", "activation_checkpointing")
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
 
@@ -54,6 +58,8 @@ class Strategy:
             parts.append(f"powersgd-{self.settings['powersgd_rank']}" if hook == "powersgd" else hook)
         if self.settings.get("gradient_as_bucket_view"):
             parts.append("grad-as-bucket-view")
+        if self.settings.get("activation_checkpointing"):
+            parts.append(f"checkpoint-{self.settings['activation_checkpointing']}")
         return "+".join(parts) or "as-recorded"
 
     @property
@@ -65,7 +71,8 @@ class Strategy:
         """The configuration :func:`dpro.analysis.whatif.predict` predicts."""
         hook = self.settings.get("comm_hook")
         compress = f"powersgd:{self.settings['powersgd_rank']}" if hook == "powersgd" else hook
-        return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"), compress=compress)
+        return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"), compress=compress,
+                      recompute_forward=bool(self.settings.get("activation_checkpointing")) or None)
 
     def code(self) -> list[str]:
         """The code change that makes the job run this strategy, one line each."""
@@ -86,6 +93,11 @@ class Strategy:
                       "state = powerSGD_hook.PowerSGDState(process_group=None, "
                       f"matrix_approximation_rank={self.settings['powersgd_rank']}, start_powerSGD_iter=2)",
                       "model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)"]
+        blocks = self.settings.get("activation_checkpointing")
+        if blocks:
+            lines += ["from torch.utils.checkpoint import checkpoint",
+                      f"# in the model's forward, each block of self.{blocks}:",
+                      "x = checkpoint(block, x, use_reentrant=False)  # instead of x = block(x)"]
         return lines
 
 
@@ -105,6 +117,9 @@ def validate(settings: dict[str, Any]) -> None:
         raise StrategyError("powersgd_rank goes with comm_hook powersgd, and only with it")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
         raise StrategyError(f"powersgd_rank must be a positive integer, not {rank!r}")
+    blocks = settings.get("activation_checkpointing")
+    if blocks is not None and not (isinstance(blocks, str) and all(p.isidentifier() for p in blocks.split("."))):
+        raise StrategyError(f"activation_checkpointing must name a list of the model's blocks, not {blocks!r}")
     view = settings.get("gradient_as_bucket_view")
     if view is not None and not isinstance(view, bool):
         raise StrategyError(f"gradient_as_bucket_view must be true or false, not {view!r}")

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from dpro.analysis import RunAnalysis
-from dpro.analysis.memory import rank_memory
+from dpro.analysis.memory import RankMemory, rank_memory
+from dpro.analysis.whatif import Change, predict
 from dpro.graph.kineto.memory import memory_peaks
-from dpro.optimizer.passes import compression, memory, tensor_fusion
+from dpro.optimizer.memory import strategy_memory_bytes
+from dpro.optimizer.passes import checkpointing, compression, memory, tensor_fusion
+from dpro.optimizer.passes.checkpointing import block_lists
 from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
 from dpro.optimizer.search import search
@@ -47,6 +50,7 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     ({"comm_hook": "powersgd"}, "powersgd_rank goes with"),
     ({"comm_hook": "powersgd", "powersgd_rank": 0}, "positive integer"),
     ({"gradient_as_bucket_view": "yes"}, "true or false"),
+    ({"activation_checkpointing": "blocks[0]"}, "list of the model's blocks"),
 ])
 def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
     with pytest.raises(StrategyError, match=fragment):
@@ -198,13 +202,16 @@ def test_apply_sets_the_bucket_cap_and_hook_of_a_real_job_and_compare_checks_its
     assert_one_line_error(dpro("compare", recorded_run, tmp_path / "missing"), "missing")
 
 
-def test_the_scripts_own_hook_stays_and_the_strategys_is_left_out(tmp_path: Path) -> None:
-    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 1, "comm_hook": "fp16"}, "--comm-hook", "powersgd:1")
+def test_the_scripts_own_hook_stays_and_a_code_change_is_left_out(tmp_path: Path) -> None:
+    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 1, "comm_hook": "fp16", "activation_checkpointing": "blocks"},
+                                   "--comm-hook", "powersgd:1")
     meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
     assert meta["ddp"][0]["comm_hook"] == "powerSGD_hook", "DDP takes one hook: the script's"
     assert meta["applied"]["applied"] == ["bucket_cap_mb=1 (the script's 25)"]
-    assert meta["applied"]["left_out"] == ["comm_hook=fp16 (the script registered powerSGD_hook)"]
+    checkpointing_ = "activation_checkpointing=blocks (a change to the model's code: see the strategy's code)"
+    assert meta["applied"]["left_out"] == [checkpointing_, "comm_hook=fp16 (the script registered powerSGD_hook)"]
     assert "left out comm_hook=fp16 (the script registered powerSGD_hook)" in stderr
+    assert f"left out {checkpointing_}" in stderr
 
 
 def test_a_hook_ddp_refuses_is_left_out_and_the_job_runs(tmp_path: Path) -> None:
@@ -275,3 +282,41 @@ def test_search_respects_the_memory_budget(analysis: RunAnalysis) -> None:
     assert max(e.memory_bytes for e in unbounded.evaluated) > budget_gb * 1e9
     too_small = dpro("optimize", analysis.root, "--memory-budget", str(view / 2 / 1e9))
     assert_one_line_error(too_small, "no strategy fits in")
+
+
+def test_activation_checkpointing_recomputes_the_forward_pass_in_the_backward(analysis: RunAnalysis) -> None:
+    as_recorded = predict(analysis, Change())
+    checkpointed = predict(analysis, Strategy({"activation_checkpointing": "blocks"}).change())
+    recompute = checkpointed["recompute"]["cpu"]
+    assert recompute["forward_ms"] > 0 and recompute["backward_ms"] > 0
+    assert checkpointed["unanchored_step_ms"] > as_recorded["unanchored_step_ms"]
+    assert checkpointed["unanchored_step_ms"] <= as_recorded["unanchored_step_ms"] + recompute["forward_ms"] * 1.01
+
+
+class Layers:
+    """A DDP layout of a model with two parallel lists of eight blocks (a CNN's convolutions
+    and their norms) and a list nested inside each block."""
+
+    ddp_layout = {"buckets": [{"bytes": 4 * 8240, "params": [{"name": f"convs.{i}.weight", "numel": 1000} for i in range(8)]
+                               + [{"name": f"norms.{i}.weight", "numel": 10} for i in range(8)]
+                               + [{"name": f"convs.{i}.inner.{j}.bias", "numel": 1} for i in range(8) for j in range(20)]}]}
+
+
+def test_checkpointing_takes_the_longest_outermost_list_of_blocks(analysis: RunAnalysis) -> None:
+    assert block_lists(Layers.ddp_layout) == {"convs": (8, 8160), "norms": (8, 80)}
+    assert checkpointing(Layers()).settings == [{"activation_checkpointing": "convs"}]
+    one = checkpointing(analysis)  # the test job has a single block
+    assert not one.settings and "no list of two blocks" in one.why
+
+
+def test_the_memory_estimate_of_each_setting() -> None:
+    held = RankMemory(parameters_bytes=100, gradients_bytes=100, buckets_bytes=100, gradient_as_bucket_view=False,
+                      optimizer_state_bytes=200, added_bytes=800, device="cpu")
+    assert held.peak_bytes == 1300
+    memory = {0: held}
+    assert strategy_memory_bytes({}, memory, Layers.ddp_layout) == 1300
+    assert strategy_memory_bytes({"gradient_as_bucket_view": True}, memory, Layers.ddp_layout) == 1200
+    assert strategy_memory_bytes({"activation_checkpointing": "convs"}, memory, Layers.ddp_layout) == 1300 - 600
+    assert strategy_memory_bytes({"comm_hook": "powersgd", "powersgd_rank": 1}, memory, {}) == 1400
+    assert strategy_memory_bytes({"comm_hook": "fp16"}, memory, Layers.ddp_layout) == 1300 + 2 * 8240
+    assert strategy_memory_bytes({}, {}, Layers.ddp_layout) is None

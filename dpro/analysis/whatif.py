@@ -13,6 +13,11 @@ sends timed by the link model fitted on the run's calibration
   earlier than the recorded one it ends in is not moved earlier.
 - **compression** (``fp16``, ``bf16``): DDP's hook halves each bucket's bytes and adds its
   compute (the cast and the copy back, timed in calibration).
+- **recompute forward** (activation checkpointing): the backward pass runs the forward pass
+  again, segment by segment. Each rank's backward ops (autograd's functions on the CPU; on a
+  GPU, the kernels they launch) take longer by the forward's share, ``× (1 + F / B)``: ``F``
+  the rank's ops of that kind that start before its first backward op (the forward pass, and
+  whatever else the step does before it), ``B`` its backward ops.
 - **world size**: every collective as its algorithm runs over N ranks (per-rank work fixed),
   over the links of the hosts N ranks need at the recorded ranks per host.
 - **bandwidth scale**: every link that many times as fast. Where the calibration timed the
@@ -40,6 +45,7 @@ import numpy as np
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
+from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
@@ -65,6 +71,7 @@ class Change:
     compress: str | None = None
     world_size: int | None = None
     ranks_per_host: int | None = None
+    recompute_forward: bool | None = None
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True) -> dict[str, Any]:
@@ -110,6 +117,8 @@ class Prediction:
                 details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
             elif change.compress is not None:
                 details["compression"] = _compress(w, analysis, ddp, change.compress)
+        if change.recompute_forward:
+            details["recompute"] = _recompute_forward(w, graph)
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.bandwidth_scale is not None:
@@ -127,6 +136,34 @@ class Prediction:
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
                    "per_rank": per_rank}
         return cls(summary, replace(graph, edges=w.edges), result)
+
+
+def _recompute_forward(w: WhatIf, graph: DataflowGraph) -> dict[str, dict[str, float]]:
+    """Stretch each rank's backward ops by its forward's share (see the module docstring);
+    ms of forward and backward per kind of op, the mean over ranks."""
+    nodes = graph.nodes
+    rank = nodes["rank"].to_numpy()
+    kind = nodes["kind"].astype(str).to_numpy()
+    start = nodes["offset_ns"].to_numpy(np.float64)
+    backward_cpu = nodes["name"].astype(str).str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
+    launches = graph.edges[graph.edges["kind"] == "launch"]
+    launched_by_backward = np.zeros(len(nodes), bool)
+    launched_by_backward[launches["dst"].to_numpy()[backward_cpu[launches["src"].to_numpy()]]] = True
+    seen: dict[str, list[tuple[float, float]]] = {}
+    for r in np.unique(rank):
+        for op_kind, backward in (("cpu", backward_cpu), ("gpu", launched_by_backward)):
+            mine = (rank == r) & (kind == op_kind)
+            if not (mine & backward).any():
+                continue
+            first = start[mine & backward].min()
+            forward = mine & ~backward & (start < first)
+            f, b = w.durations[forward].sum(), w.durations[mine & backward].sum()
+            w.durations[mine & backward] *= 1 + f / b
+            seen.setdefault(op_kind, []).append((f / 1e6, b / 1e6))
+    if not seen:
+        raise DproError("the recorded step shows no backward pass to recompute the forward pass in")
+    return {k: {"forward_ms": float(np.mean([f for f, _ in v])), "backward_ms": float(np.mean([b for _, b in v]))}
+            for k, v in seen.items()}
 
 
 def _interference(analysis: RunAnalysis) -> Interference | None:

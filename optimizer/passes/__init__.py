@@ -7,10 +7,12 @@ search combines them (one setting of each pass per strategy).
 from __future__ import annotations
 
 from dpro.optimizer.passes.base import Proposals
+from dpro.optimizer.passes.checkpointing import checkpointing
 from dpro.optimizer.passes.compression import compression
 from dpro.optimizer.passes.memory import memory
 from dpro.optimizer.passes.tensor_fusion import tensor_fusion
 
-PASSES = {"tensor_fusion": tensor_fusion, "compression": compression, "memory": memory}
+PASSES = {"tensor_fusion": tensor_fusion, "compression": compression, "memory": memory,
+          "checkpointing": checkpointing}
 
-__all__ = ["PASSES", "Proposals", "compression", "memory", "tensor_fusion"]
+__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "memory", "tensor_fusion"]

@@ -1,9 +1,10 @@
 """Memory: DDP's gradients as views into its buckets.
 
 DDP keeps each gradient twice, in the parameter's ``.grad`` and in its bucket, and copies one
-into the other every step; ``gradient_as_bucket_view=True`` keeps one copy (the gradients'
-bytes saved on every rank) and drops the copy. The numerics do not change. The cost model
-keeps the step time as recorded (the copy saved is not counted, so the gain errs low).
+into the other every step; views keep one copy (the gradients' bytes saved on every rank) and
+drop the copy. The numerics do not change. The cost model
+keeps the step time as recorded (the copy saved is not counted, so the gain errs low). See
+:mod:`dpro.optimizer.passes.checkpointing` for activation checkpointing.
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""Activation checkpointing: each block of the model's longest list of blocks (found in the
+parameters' names: ``blocks.0.``, ``blocks.1.``, ...) runs under ``checkpoint``, and the
+backward pass recomputes their forward (:func:`dpro.analysis.whatif.predict`,
+``recompute_forward``). It costs time and saves memory (:mod:`dpro.optimizer.memory`): it wins
+only under a memory budget. A change to the model's code: ``--apply`` cannot make it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dpro.analysis.run import RunAnalysis
+
+from dpro.optimizer.passes.base import Proposals
+
+__all__ = ["block_lists", "checkpointing"]
+
+
+def checkpointing(analysis: RunAnalysis) -> Proposals:
+    """Checkpointing of the longest list of at least two blocks."""
+    layout = analysis.ddp_layout
+    if not layout or "buckets" not in layout:
+        return Proposals(why="the job used no DistributedDataParallel (its parameters' names were not recorded)")
+    lists = block_lists(layout)
+    longest = max(lists, key=lambda name: lists[name], default=None)  # the most blocks, then the most parameters
+    if longest is None or lists[longest][0] < 2:
+        return Proposals(why="the model has no list of two blocks or more to checkpoint")
+    return Proposals([{"activation_checkpointing": longest}])
+
+
+def block_lists(layout: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """The outermost lists of blocks in the DDP module's parameter names (lists inside a block of
+    another are left out), each with its number of blocks and of parameters:
+    ``{"blocks": (12, 85_000_000)}`` for ``blocks.0.attn.weight`` ... ``blocks.11.mlp.bias``."""
+    indices: dict[str, set[str]] = {}
+    numel: dict[str, int] = {}
+    for bucket in layout.get("buckets", []):
+        for param in bucket["params"]:
+            name = str(param["name"])
+            match = re.search(r"\.(\d+)\.", name)
+            if match and not re.search(r"(?:^|\.)\d+(?:\.|$)", name[:match.start()]):
+                prefix = name[:match.start()]
+                indices.setdefault(prefix, set()).add(match.group(1))
+                numel[prefix] = numel.get(prefix, 0) + int(param.get("numel", 0))
+    return {prefix: (len(found), numel[prefix]) for prefix, found in indices.items()}
