@@ -7,7 +7,10 @@ profiled), a job the cost model was not shaped on (its tuning cases are the GPT'
 - **communication-bound**: the hosts' links throttled to 50 mbit (``tc tbf``);
 - **compute-bound**: the links as they are (veth).
 
-Each is searched twice, with lossy strategies and with ``--exact-only``. Goals: in the
+Each is searched twice, with lossy strategies and with ``--exact-only``; the lossy search is
+timed again with each of the search's speed-up tricks switched off (``--no-guidance``,
+``--no-incremental-replay``), :data:`TRICK_REPEATS` times each, medians and ranges printed
+beside the search with every trick on (no goal: what each trick saves here). Goals: in the
 communication-bound case, a measured speed-up >= 1.3x with the predicted step time within 5%
 of the measured one; in the compute-bound case, no slow-down (measured >= 0.98x); every search
 <= 60 s. The baseline of every speed-up is the run with DDP's defaults recorded in this run
@@ -21,6 +24,7 @@ on a shared, noisy machine.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,8 @@ JOB = ["--steps", "40", "--arch", "cnn"]
 CASES = {"communication-bound": 50, "compute-bound": None}  # link rate, mbit (None: unthrottled)
 SEARCH_BUDGET_S = 60.0
 GOAL_SPEEDUP, GOAL_ERROR_PCT, GOAL_NO_SLOWDOWN = 1.3, 5.0, 0.98
+TRICKS = {"every trick on": [], "no guidance": ["--no-guidance"], "no incremental replay": ["--no-incremental-replay"]}
+TRICK_REPEATS = 3
 
 
 def _record(run: Path, rate_mbit: int | None, strategy: Path | None = None) -> None:
@@ -55,7 +61,20 @@ def _dpro(*args: object) -> dict:
     return json.loads(done.stdout)
 
 
-def _case(name: str, rate_mbit: int | None, root: Path, say) -> list[dict]:
+def _tricks(name: str, base: Path, say) -> list[dict]:
+    """The lossy search timed with each trick switched off, and with all on."""
+    say(f"optimize: timing the search's tricks on {base.name}")
+    rows = []
+    for trick, flags in TRICKS.items():
+        runs = [_dpro("optimize", base, "--json", "--budget", SEARCH_BUDGET_S, *flags) for _ in range(TRICK_REPEATS)]
+        seconds = sorted(r["search"]["elapsed_s"] for r in runs)
+        rows.append({"case": name, "trick": trick, "median_s": statistics.median(seconds), "min_s": seconds[0],
+                     "max_s": seconds[-1], "best": {r["strategies"][0]["name"] for r in runs},
+                     "searched": runs[0]["search"]["evaluated"]})
+    return rows
+
+
+def _case(name: str, rate_mbit: int | None, root: Path, say) -> tuple[list[dict], list[dict]]:
     base = root / f"{name}-defaults"
     say(f"optimize: recording {base.name}")
     _record(base, rate_mbit)
@@ -79,7 +98,7 @@ def _case(name: str, rate_mbit: int | None, root: Path, say) -> list[dict]:
             row.update(measured_ms=row["baseline_ms"], speedup=1.0, applied=False)
         row["error_pct"] = 100 * (row["predicted_ms"] / row["measured_ms"] - 1)
         out.append(row)
-    return out
+    return out, _tricks(name, base, say)
 
 
 def _rows(results: list[dict]) -> list[dict]:
@@ -116,7 +135,9 @@ def run(quick: bool = False, keep: Path | None = None, log=None) -> list[dict]:
         say(f"optimize: skipped, {reason}")
         return []
     root = keep or Path(tempfile.mkdtemp(prefix="dpro-optimize-"))
-    results = [row for name, rate in CASES.items() for row in _case(name, rate, root, say)]
+    cases = [_case(name, rate, root, say) for name, rate in CASES.items()]
+    results = [row for found, _ in cases for row in found]
+    tricks = [row for _, timed in cases for row in timed]
     print("dpro optimize, applied with dpro record --apply and measured with dpro compare:")
     print(table([("case", "mode", "best strategy", "baseline ms", "predicted ms", "measured ms", "speed-up", "error %",
                   "search s", "searched")] +
@@ -124,4 +145,10 @@ def run(quick: bool = False, keep: Path | None = None, log=None) -> list[dict]:
                   f"{r['measured_ms']:.1f}", f"{r['speedup']:.2f}x", f"{r['error_pct']:+.1f}", f"{r['search_s']:.1f}",
                   r["searched"]) for r in results]))
     print("Each configuration recorded once; the CNN was not among the cost model's tuning cases.")
+    print(f"The lossy search with each speed-up trick switched off ({TRICK_REPEATS} searches each):")
+    on = {r["case"]: r["median_s"] for r in tricks if r["trick"] == "every trick on"}
+    print(table([("case", "search", "median s", "range s", "vs every trick on", "strategies", "best")] +
+                [(r["case"], r["trick"], f"{r['median_s']:.2f}", f"{r['min_s']:.2f}-{r['max_s']:.2f}",
+                  f"{r['median_s'] / on[r['case']]:.2f}x", str(r["searched"]), ", ".join(sorted(r["best"])))
+                 for r in tricks]))
     return _rows(results)

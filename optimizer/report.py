@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ def report(result: SearchResult) -> dict[str, Any]:
                        "exhaustive": result.exhaustive,
                        "exposed_communication_ms": result.exposed_communication_ms,
                        "memory_budget_gb": None if result.memory_budget_bytes is None else result.memory_budget_bytes / 1e9,
-                       "over_memory_budget": result.over_memory_budget}}
+                       "over_memory_budget": result.over_memory_budget,
+                       "tricks": asdict(result.tricks)}}
 
 
 def write_report(data: dict[str, Any], out: Path, analysis: RunAnalysis) -> None:

@@ -12,6 +12,10 @@
    state not yet predicted. Predictions are cached, so a small space is covered whole; the
    search ends when it is, or when the time budget would be overrun.
 
+Each speed-up trick can be switched off (:class:`Tricks`) to measure what it saves:
+critical-path guidance, and the cost model's incremental re-replay (a prediction's replays
+after the first recompute only the ops at or after the first changed one).
+
 With a memory budget, a strategy whose memory estimate (:mod:`dpro.optimizer.memory`) exceeds
 it on any rank is not predicted and not proposed (the recorded configuration is still
 predicted: every speed-up is against it).
@@ -36,12 +40,20 @@ from dpro.optimizer.memory import strategy_memory_bytes
 from dpro.optimizer.passes import PASSES
 from dpro.optimizer.strategy import Strategy
 
-__all__ = ["Evaluated", "SearchResult", "search"]
+__all__ = ["Evaluated", "SearchResult", "Tricks", "search"]
 
 MIN_EXPOSED_COMM = 0.02
 COMMUNICATION_PASSES = frozenset({"tensor_fusion", "compression"})
 START_TEMPERATURE = 0.05
 COOLING = 0.9
+
+
+@dataclass(frozen=True)
+class Tricks:
+    """The search's speed-up tricks, each on unless switched off (see the module docstring)."""
+
+    guidance: bool = True
+    incremental: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,13 +82,15 @@ class SearchResult:
     exposed_communication_ms: float = 0.0
     memory_budget_bytes: float | None = None
     over_memory_budget: int = 0  # strategies left out by the memory budget
+    tricks: Tricks = Tricks()
 
 
 def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, seed: int = 0,
-           memory_budget_gb: float | None = None) -> SearchResult:
+           memory_budget_gb: float | None = None, tricks: Tricks = Tricks()) -> SearchResult:
     """Search strategies for the recorded run (see the module docstring) for at most
     ``budget_s`` seconds; ``exact_only``: leave out strategies that change the numerics;
-    ``memory_budget_gb``: leave out strategies estimated to need more memory on a rank (GB, 1e9 bytes)."""
+    ``memory_budget_gb``: leave out strategies estimated to need more memory on a rank (GB, 1e9
+    bytes); ``tricks``: the speed-up tricks used."""
     started = time.monotonic()
     memory = rank_memory(analysis)
     if memory_budget_gb is not None and not memory:
@@ -92,7 +106,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     exposed_ms, step_ms = path["communication"], path["span"]
     notes, axes = [], []
     for name, propose in PASSES.items():
-        if name in COMMUNICATION_PASSES and exposed_ms < MIN_EXPOSED_COMM * step_ms:
+        if tricks.guidance and name in COMMUNICATION_PASSES and exposed_ms < MIN_EXPOSED_COMM * step_ms:
             notes.append(f"{name}: left out, communication is exposed for {exposed_ms:.1f} ms of the "
                          f"{step_ms:.1f} ms step on the critical path (compute-bound)")
             continue
@@ -115,7 +129,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                 over_budget.add(state)
                 cache[state] = None
             else:
-                cache[state] = clock.timed(lambda: _evaluate(analysis, strategy, needs, notes))
+                cache[state] = clock.timed(lambda: _evaluate(analysis, strategy, needs, notes, tricks.incremental))
         return cache.get(state)
 
     recorded = evaluate((0,) * len(axes), always=True)  # the baseline every strategy is compared with
@@ -145,7 +159,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     # equal predictions (a bucket cap that changes nothing): the strategy with fewer changes first
     found.sort(key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
     return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space, len(cache),
-                        time.monotonic() - started, len(cache) == space, exposed_ms, budget_bytes, len(over_budget))
+                        time.monotonic() - started, len(cache) == space, exposed_ms, budget_bytes, len(over_budget), tricks)
 
 
 def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...]) -> Strategy:
@@ -158,9 +172,10 @@ def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ..
     return Strategy(settings, tuple(passes))
 
 
-def _evaluate(analysis: RunAnalysis, strategy: Strategy, memory_bytes: int | None, notes: list[str]) -> Evaluated | None:
+def _evaluate(analysis: RunAnalysis, strategy: Strategy, memory_bytes: int | None, notes: list[str],
+              incremental: bool) -> Evaluated | None:
     try:
-        prediction = predict(analysis, strategy.change())
+        prediction = predict(analysis, strategy.change(), incremental=incremental)
     except DproError as e:
         notes.append(f"{strategy.name}: not predicted: {e}")
         return None

@@ -45,13 +45,16 @@ class WhatIf:
     """A recorded graph and a set of changes to it; each method returns ``self`` to chain."""
 
     def __init__(self, graph: DataflowGraph, model: dict[tuple[str, str], AlphaBeta] | None = None,
-                 interference: Interference | None = None) -> None:
+                 interference: Interference | None = None, incremental: bool = True) -> None:
         """``model``: the per-send link model (default: fitted on the graph's own sends,
         :func:`~dpro.replayer.cost.fit_link_model`; a run's calibration gives a better one,
         :func:`~dpro.replayer.linkmodel.calibrated_link_model`). ``interference``: how much
         compute and communication slow each other where they overlap
-        (:mod:`dpro.replayer.interference`; ``None``: durations do not depend on overlap)."""
+        (:mod:`dpro.replayer.interference`; ``None``: durations do not depend on overlap).
+        ``incremental=False`` replays the whole graph every time (see :meth:`replay`), to
+        measure what re-replaying only the changed part saves."""
         self.graph = graph
+        self.incremental = incremental
         self.interference = interference
         self._classes: NodeClasses | None = None  # derived at the first replay with interference
         self._reference: np.ndarray | None = None  # the recorded configuration's overlap
@@ -192,7 +195,7 @@ class WhatIf:
         moves by more than :data:`INTERFERENCE_TOLERANCE` (at most :data:`INTERFERENCE_ROUNDS`
         times; each factor after the first is the mean of the new one and the last, so that ops
         that leave and re-enter overlap settle between the two)."""
-        if self._replayer is None or self._replayer.graph.edges is not self.edges:
+        if self._replayer is None or self._replayer.graph.edges is not self.edges or not self.incremental:
             self._replayer = Replayer(dataclasses.replace(self.graph, edges=self.edges))
         result = self._replayer.replay(self.durations)
         if self.interference is None:
@@ -210,6 +213,8 @@ class WhatIf:
             if factor is not None and np.max(np.abs(slowdown - factor), initial=0.0) <= INTERFERENCE_TOLERANCE:
                 break
             factor = slowdown if factor is None else (factor + slowdown) / 2
+            if not self.incremental:
+                self._replayer = Replayer(self._replayer.graph)
             result = self._replayer.replay(self.durations * factor)
         return result
 

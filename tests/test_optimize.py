@@ -19,7 +19,7 @@ from dpro.optimizer.passes import checkpointing, compression, memory, tensor_fus
 from dpro.optimizer.passes.checkpointing import block_lists
 from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
-from dpro.optimizer.search import search
+from dpro.optimizer.search import Tricks, search
 from dpro.optimizer.strategy import Strategy, StrategyError, read_strategy
 from dpro.run_format import open_run
 
@@ -320,3 +320,13 @@ def test_the_memory_estimate_of_each_setting() -> None:
     assert strategy_memory_bytes({"comm_hook": "powersgd", "powersgd_rank": 1}, memory, {}) == 1400
     assert strategy_memory_bytes({"comm_hook": "fp16"}, memory, Layers.ddp_layout) == 1300 + 2 * 8240
     assert strategy_memory_bytes({}, {}, Layers.ddp_layout) is None
+
+
+def test_each_speed_up_trick_can_be_switched_off_and_changes_no_prediction(analysis: RunAnalysis) -> None:
+    on = search(analysis, budget_s=120)
+    full_replays = search(analysis, budget_s=120, tricks=Tricks(incremental=False))
+    assert {e.strategy.name: e.predicted_step_ms for e in full_replays.evaluated} == \
+        pytest.approx({e.strategy.name: e.predicted_step_ms for e in on.evaluated}, rel=1e-9)
+    unguided = search(analysis, budget_s=120, tricks=Tricks(guidance=False))
+    assert unguided.space >= on.space and not any("left out, communication is exposed" in n for n in unguided.notes)
+    assert report(unguided)["search"]["tricks"] == {"guidance": False, "incremental": True}

@@ -74,12 +74,13 @@ class Change:
     recompute_forward: bool | None = None
 
 
-def predict(analysis: RunAnalysis, change: Change, interference: bool = True) -> dict[str, Any]:
+def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True) -> dict[str, Any]:
     """The predicted step time of the recorded job under ``change`` (see the module docstring):
     ``baseline_step_ms`` (measured, unprofiled), ``replayed_step_ms`` (the unchanged replay),
     ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did.
-    ``interference=False`` leaves durations independent of overlap."""
-    return Prediction.of(analysis, change, interference).summary
+    ``interference=False`` leaves durations independent of overlap; ``incremental=False``
+    replays the whole graph every time (:class:`~dpro.replayer.whatif.WhatIf`)."""
+    return Prediction.of(analysis, change, interference, incremental).summary
 
 
 @dataclass
@@ -92,7 +93,8 @@ class Prediction:
     replay: Replay
 
     @classmethod
-    def of(cls, analysis: RunAnalysis, change: Change, interference: bool = True) -> "Prediction":
+    def of(cls, analysis: RunAnalysis, change: Change, interference: bool = True,
+           incremental: bool = True) -> "Prediction":
         """Replay the recorded run with ``change`` made (see :func:`predict`)."""
         graph = analysis.graph
         model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
@@ -101,7 +103,7 @@ class Prediction:
         calibrated = calibrated_link_model(analysis.calibrations, cls_, wires.get(cls_))
         model.update(calibrated)
         slowdown = _interference(analysis) if interference else None
-        w = WhatIf(graph, model, slowdown)
+        w = WhatIf(graph, model, slowdown, incremental)
         replayed = w.replay().step_ns
         details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
                                    "link_mbit_s": {c: round(rate * 8e3, 1) for c, rate in sorted(wires.items())},

@@ -19,23 +19,29 @@ SHOWN = 10  # strategies in the table
               help="Seconds the search may take.")
 @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), metavar="GB",
               help="Leave out strategies estimated to need more memory than this on any rank (GB).")
+@click.option("--no-guidance", is_flag=True,
+              help="Search the communication passes even where the critical path exposes no communication.")
+@click.option("--no-incremental-replay", is_flag=True,
+              help="Replay the whole step for every prediction (to measure what re-replaying the changed part saves).")
 @click.option("--exact-only", is_flag=True, help="Leave out strategies that change the numerics (compression).")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Write report.md, report.html, report.json, strategy.json (the best) and strategies/*.json here.")
 @click.option("--force", is_flag=True, help="With -o: replace the reports already in DIR.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
-def optimize(run: Any, budget: float, memory_budget: float | None, exact_only: bool, output: Path | None, force: bool, as_json: bool,
+def optimize(run: Any, budget: float, memory_budget: float | None, no_guidance: bool, no_incremental_replay: bool,
+             exact_only: bool, output: Path | None, force: bool, as_json: bool,
              scheduler: str | None, workers: int | None) -> None:
     """Search DDP bucket caps, gradient compression and gradients as bucket views for RUN's job
     with the cost model; print the strategies, best first, with the change each needs."""
     from dpro.optimizer.report import report, write_report
-    from dpro.optimizer.search import search
+    from dpro.optimizer.search import Tricks, search
 
     if output is not None and not force and any((output / name).exists() for name in ("report.json", "strategy.json")):
         raise click.UsageError(f"{output} already holds a report; --force replaces it")
     analysis = open_analysis(run, scheduler, workers)
-    result = search(analysis, budget_s=budget, exact_only=exact_only, memory_budget_gb=memory_budget)
+    tricks = Tricks(guidance=not no_guidance, incremental=not no_incremental_replay)
+    result = search(analysis, budget_s=budget, exact_only=exact_only, memory_budget_gb=memory_budget, tricks=tricks)
     data = report(result)
     if output is not None:
         write_report(data, output, analysis)
