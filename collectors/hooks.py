@@ -299,7 +299,10 @@ def _guarded(where: str):
 
 @_guarded("optimizer step hook")
 def _on_optimizer_step(rec: _Recorder, optimizer: Any, args: Any, kwargs: Any) -> None:
-    rec.optimizers.add(optimizer)
+    try:
+        rec.optimizers.add(optimizer)
+    except TypeError:  # an optimizer that cannot be weakly referenced: its state goes unmeasured
+        pass
     if rec.step_owner is None:
         rec.step_owner = id(optimizer)
     if rec.step_owner == id(optimizer):

@@ -18,7 +18,10 @@ after the first recompute only the ops at or after the first changed one).
 
 With a memory budget, a strategy whose memory estimate (:mod:`dpro.optimizer.memory`) exceeds
 it on any rank is not predicted and not proposed (the recorded configuration is still
-predicted: every speed-up is against it).
+predicted: the cost model's ratio to its replay anchors every prediction).
+
+Strategies that make the same change to the cost model (settings it keeps as recorded, such
+as gradients as bucket views) share one prediction.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 from dpro.analysis.compare import critical_path_breakdown
 from dpro.analysis.memory import rank_memory
 from dpro.analysis.run import RunAnalysis
-from dpro.analysis.whatif import predict
+from dpro.analysis.whatif import Change, predict
 from dpro.errors import DproError
 
 from dpro.optimizer.memory import strategy_memory_bytes
@@ -76,7 +79,7 @@ class SearchResult:
     evaluated: list[Evaluated]
     notes: list[str] = field(default_factory=list)
     space: int = 0
-    tried: int = 0  # strategies predicted, or whose prediction failed (see notes)
+    tried: int = 0  # strategies predicted, whose prediction failed (see notes), or over the memory budget
     elapsed_s: float = 0.0
     exhaustive: bool = False
     exposed_communication_ms: float = 0.0
@@ -119,7 +122,14 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     space = math.prod(len(options) + 1 for _, options in axes)
     cache: dict[tuple[int, ...], Evaluated | None] = {}
     over_budget: set[tuple[int, ...]] = set()
+    predictions: dict[Change, dict[str, Any] | None] = {}  # one per change the cost model sees
     clock = _Budget(started, budget_s)
+
+    def predicted(strategy: Strategy) -> dict[str, Any] | None:
+        change = strategy.change()
+        if change not in predictions:
+            predictions[change] = _predict(analysis, strategy, notes, tricks.incremental)
+        return predictions[change]
 
     def evaluate(state: tuple[int, ...], always: bool = False) -> Evaluated | None:
         if state not in cache and (always or clock.allows()):
@@ -129,7 +139,9 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                 over_budget.add(state)
                 cache[state] = None
             else:
-                cache[state] = clock.timed(lambda: _evaluate(analysis, strategy, needs, notes, tricks.incremental))
+                prediction = clock.timed(lambda: predicted(strategy))
+                cache[state] = None if prediction is None else \
+                    Evaluated(strategy, prediction["predicted_step_ms"], prediction, needs)
         return cache.get(state)
 
     recorded = evaluate((0,) * len(axes), always=True)  # the baseline every strategy is compared with
@@ -153,9 +165,17 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
         if over_budget:
             notes.append(f"{len(over_budget)} strategies left out: estimated to need more than {memory_budget_gb:g} GB")
         if not found:
+            fitting = space - 1 - len(over_budget)  # strategies within the budget, predicted or not
+            if fitting:
+                raise DproError(f"no strategy within {memory_budget_gb:g} GB could be predicted: {fitting} fit, and "
+                                "their predictions failed or the time budget ran out")
             least = min(strategy_memory_bytes(_strategy(axes, s).settings, memory, layout) for s in over_budget | {
                 (0,) * len(axes)})
             raise DproError(f"no strategy fits in {memory_budget_gb:g} GB: the least any needs is {least / 1e9:.3g} GB")
+        unmeasured = sorted(r for r, m in memory.items() if m.added_bytes is None)
+        if unmeasured:
+            notes.append(f"ranks {unmeasured}: the step's own memory was not recorded (no shapes step): their "
+                         "estimates count only the tensors held throughout")
     # equal predictions (a bucket cap that changes nothing): the strategy with fewer changes first
     found.sort(key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
     return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space, len(cache),
@@ -172,14 +192,12 @@ def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ..
     return Strategy(settings, tuple(passes))
 
 
-def _evaluate(analysis: RunAnalysis, strategy: Strategy, memory_bytes: int | None, notes: list[str],
-              incremental: bool) -> Evaluated | None:
+def _predict(analysis: RunAnalysis, strategy: Strategy, notes: list[str], incremental: bool) -> dict[str, Any] | None:
     try:
-        prediction = predict(analysis, strategy.change(), incremental=incremental)
+        return predict(analysis, strategy.change(), incremental=incremental)
     except DproError as e:
         notes.append(f"{strategy.name}: not predicted: {e}")
         return None
-    return Evaluated(strategy, prediction["predicted_step_ms"], prediction, memory_bytes)
 
 
 def _anneal(evaluate: Any, axes: list[tuple[str, list[dict[str, Any]]]], start: tuple[int, ...], step_ms: float,

@@ -8,7 +8,8 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   steps on). Compression changes the numerics: such a strategy is ``lossy``.
 - ``gradient_as_bucket_view``: ``True`` makes the gradients views into DDP's buckets
   (``DistributedDataParallel(gradient_as_bucket_view=True)``): one copy of them instead of two,
-  and no copy into the buckets. Exact.
+  and no copy into the buckets. Exact; a script that detaches gradients in place
+  (``p.grad.detach_()``, ``requires_grad_()`` on them) fails under it (torch's own caveat).
 - ``activation_checkpointing``: the name of a list of the model's blocks (``"blocks"`` for
   ``model.blocks[0]``, ``model.blocks[1]``, ...) each run under
   ``torch.utils.checkpoint.checkpoint``: the backward pass recomputes their activations instead
@@ -121,8 +122,8 @@ def validate(settings: dict[str, Any]) -> None:
     if blocks is not None and not (isinstance(blocks, str) and all(p.isidentifier() for p in blocks.split("."))):
         raise StrategyError(f"activation_checkpointing must name a list of the model's blocks, not {blocks!r}")
     view = settings.get("gradient_as_bucket_view")
-    if view is not None and not isinstance(view, bool):
-        raise StrategyError(f"gradient_as_bucket_view must be true or false, not {view!r}")
+    if view is not None and view is not True:
+        raise StrategyError(f"gradient_as_bucket_view can only be true (DDP's default is false), not {view!r}")
 
 
 def read_strategy(path: str | os.PathLike) -> Strategy:

@@ -49,7 +49,8 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     ({"comm_hook": "int8"}, "comm_hook must be one of"),
     ({"comm_hook": "powersgd"}, "powersgd_rank goes with"),
     ({"comm_hook": "powersgd", "powersgd_rank": 0}, "positive integer"),
-    ({"gradient_as_bucket_view": "yes"}, "true or false"),
+    ({"gradient_as_bucket_view": "yes"}, "can only be true"),
+    ({"gradient_as_bucket_view": False}, "can only be true"),
     ({"activation_checkpointing": "blocks[0]"}, "list of the model's blocks"),
 ])
 def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
@@ -285,12 +286,14 @@ def test_search_respects_the_memory_budget(analysis: RunAnalysis) -> None:
 
 
 def test_activation_checkpointing_recomputes_the_forward_pass_in_the_backward(analysis: RunAnalysis) -> None:
-    as_recorded = predict(analysis, Change())
-    checkpointed = predict(analysis, Strategy({"activation_checkpointing": "blocks"}).change())
+    # without interference, so that only the recomputation moves the step
+    as_recorded = predict(analysis, Change(), interference=False)
+    checkpointed = predict(analysis, Strategy({"activation_checkpointing": "blocks"}).change(), interference=False)
     recompute = checkpointed["recompute"]["cpu"]
     assert recompute["forward_ms"] > 0 and recompute["backward_ms"] > 0
     assert checkpointed["unanchored_step_ms"] > as_recorded["unanchored_step_ms"]
-    assert checkpointed["unanchored_step_ms"] <= as_recorded["unanchored_step_ms"] + recompute["forward_ms"] * 1.01
+    # by at most the forward pass recomputed (the mean over the ranks; one rank's may be longer)
+    assert checkpointed["unanchored_step_ms"] <= as_recorded["unanchored_step_ms"] + recompute["forward_ms"] * 1.2
 
 
 class Layers:

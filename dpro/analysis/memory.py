@@ -65,7 +65,8 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
 
 
 def _added(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None]:
-    """The step's peak added bytes on its busiest device, and that device."""
+    """The step's peak added bytes on the device that holds the model (a GPU where the trace
+    has one: the CPU's allocations of a GPU job are its data pipeline's), and that device."""
     path = analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE
     if not path.exists():
         return None, None
@@ -75,6 +76,7 @@ def _added(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None]:
         return None, None
     if not peaks:
         return None, None
-    top = max(peaks, key=lambda p: p.added_bytes)
+    gpus = [p for p in peaks if p.device.startswith("cuda")]
+    top = max(gpus or peaks, key=lambda p: p.added_bytes)
     return top.added_bytes, top.device
 

@@ -160,6 +160,8 @@ def _recompute_forward(w: WhatIf, graph: DataflowGraph) -> dict[str, dict[str, f
             first = start[mine & backward].min()
             forward = mine & ~backward & (start < first)
             f, b = w.durations[forward].sum(), w.durations[mine & backward].sum()
+            if b <= 0:
+                continue
             w.durations[mine & backward] *= 1 + f / b
             seen.setdefault(op_kind, []).append((f / 1e6, b / 1e6))
     if not seen:

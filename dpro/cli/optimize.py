@@ -32,8 +32,9 @@ SHOWN = 10  # strategies in the table
 def optimize(run: Any, budget: float, memory_budget: float | None, no_guidance: bool, no_incremental_replay: bool,
              exact_only: bool, output: Path | None, force: bool, as_json: bool,
              scheduler: str | None, workers: int | None) -> None:
-    """Search DDP bucket caps, gradient compression and gradients as bucket views for RUN's job
-    with the cost model; print the strategies, best first, with the change each needs."""
+    """Search DDP bucket caps, gradient compression, gradients as bucket views and activation
+    checkpointing for RUN's job with the cost model; print the strategies, best first, with the
+    change each needs."""
     from dpro.optimizer.report import report, write_report
     from dpro.optimizer.search import Tricks, search
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import os
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -63,7 +64,7 @@ def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
     try:
         raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
         trace = _DECODER.decode(raw)
-    except (OSError, EOFError, gzip.BadGzipFile, msgspec.DecodeError) as e:
+    except (OSError, EOFError, zlib.error, msgspec.DecodeError) as e:
         raise TraceFormatError(f"cannot read the memory events of {path}: {str(e).splitlines()[0]}") from None
     per_device: dict[tuple[int, int], list[_Args]] = {}
     for e in sorted((e for e in trace.traceEvents if e.name == MEMORY_EVENT and e.args is not None),
@@ -78,5 +79,6 @@ def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
         before = totals[0] - events[0].nbytes
         top = max(totals)
         name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
-        peaks.append(MemoryPeak(name if index < 0 else f"{name}:{index}", int(top - before), int(top), len(events)))
+        peaks.append(MemoryPeak(name if index < 0 else f"{name}:{index}", max(0, int(top - before)), int(top),
+                                len(events)))
     return peaks

@@ -31,9 +31,10 @@ def checkpointing(analysis: RunAnalysis) -> Proposals:
 
 def block_lists(layout: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """The outermost lists of blocks in the DDP module's parameter names (lists inside a block of
-    another are left out), each with its number of blocks and of parameters:
+    another are left out; a model that is itself a list is not found), each with its number of
+    blocks (its highest index + 1) and of parameters:
     ``{"blocks": (12, 85_000_000)}`` for ``blocks.0.attn.weight`` ... ``blocks.11.mlp.bias``."""
-    indices: dict[str, set[str]] = {}
+    indices: dict[str, set[int]] = {}
     numel: dict[str, int] = {}
     for bucket in layout.get("buckets", []):
         for param in bucket["params"]:
@@ -41,6 +42,7 @@ def block_lists(layout: dict[str, Any]) -> dict[str, tuple[int, int]]:
             match = re.search(r"\.(\d+)\.", name)
             if match and not re.search(r"(?:^|\.)\d+(?:\.|$)", name[:match.start()]):
                 prefix = name[:match.start()]
-                indices.setdefault(prefix, set()).add(match.group(1))
+                indices.setdefault(prefix, set()).add(int(match.group(1)))
                 numel[prefix] = numel.get(prefix, 0) + int(param.get("numel", 0))
-    return {prefix: (len(found), numel[prefix]) for prefix, found in indices.items()}
+    # blocks without parameters of their own (an activation between two layers) count too
+    return {prefix: (max(found) + 1, numel[prefix]) for prefix, found in indices.items()}
