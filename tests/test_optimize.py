@@ -292,8 +292,8 @@ def test_activation_checkpointing_recomputes_the_forward_pass_in_the_backward(an
     recompute = checkpointed["recompute"]["cpu"]
     assert recompute["forward_ms"] > 0 and recompute["backward_ms"] > 0
     assert checkpointed["unanchored_step_ms"] > as_recorded["unanchored_step_ms"]
-    # by at most the forward pass recomputed (the mean over the ranks; one rank's may be longer)
-    assert checkpointed["unanchored_step_ms"] <= as_recorded["unanchored_step_ms"] + recompute["forward_ms"] * 1.2
+    # by at most the forward pass recomputed on the rank where it is longest
+    assert checkpointed["unanchored_step_ms"] <= as_recorded["unanchored_step_ms"] + recompute["largest_forward_ms"] * 1.05
 
 
 class Layers:

@@ -16,8 +16,10 @@ sends timed by the link model fitted on the run's calibration
 - **recompute forward** (activation checkpointing): the backward pass runs the forward pass
   again, segment by segment. Each rank's backward ops (autograd's functions on the CPU; on a
   GPU, the kernels they launch) take longer by the forward's share, ``× (1 + F / B)``: ``F``
-  the rank's ops of that kind that start before its first backward op (the forward pass, and
-  whatever else the step does before it), ``B`` its backward ops.
+  the model's forward pass (DDP's ``DistributedDataParallel.forward`` and, on a GPU, the
+  kernels it launches; without that marker, the rank's ops of that kind before its first
+  backward op), ``B`` its backward ops. The whole forward is counted, also what lies outside
+  the checkpointed blocks (embeddings, the head): the cost errs high.
 - **world size**: every collective as its algorithm runs over N ranks (per-rank work fixed),
   over the links of the hosts N ranks need at the recorded ranks per host.
 - **bandwidth scale**: every link that many times as fast. Where the calibration timed the
@@ -58,6 +60,7 @@ from dpro.analysis.run import RunAnalysis
 
 __all__ = ["COMPRESSIONS", "Change", "Prediction", "predict"]
 
+DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
 
@@ -142,23 +145,28 @@ class Prediction:
 
 def _recompute_forward(w: WhatIf, graph: DataflowGraph) -> dict[str, dict[str, float]]:
     """Stretch each rank's backward ops by its forward's share (see the module docstring);
-    ms of forward and backward per kind of op, the mean over ranks."""
+    per kind of op, ms of forward and backward, the mean over ranks, and the largest rank's forward."""
     nodes = graph.nodes
     rank = nodes["rank"].to_numpy()
     kind = nodes["kind"].astype(str).to_numpy()
     start = nodes["offset_ns"].to_numpy(np.float64)
-    backward_cpu = nodes["name"].astype(str).str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
+    names = nodes["name"].astype(str)
+    backward_cpu = names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
+    model_cpu = (names == DDP_FORWARD_EVENT).to_numpy()
     launches = graph.edges[graph.edges["kind"] == "launch"]
-    launched_by_backward = np.zeros(len(nodes), bool)
-    launched_by_backward[launches["dst"].to_numpy()[backward_cpu[launches["src"].to_numpy()]]] = True
+    src, dst = launches["src"].to_numpy(), launches["dst"].to_numpy()
+    backward_gpu, model_gpu = np.zeros(len(nodes), bool), np.zeros(len(nodes), bool)
+    backward_gpu[dst[backward_cpu[src]]] = True
+    model_gpu[dst[model_cpu[src]]] = True
     seen: dict[str, list[tuple[float, float]]] = {}
     for r in np.unique(rank):
-        for op_kind, backward in (("cpu", backward_cpu), ("gpu", launched_by_backward)):
+        for op_kind, backward, model in (("cpu", backward_cpu, model_cpu), ("gpu", backward_gpu, model_gpu)):
             mine = (rank == r) & (kind == op_kind)
             if not (mine & backward).any():
                 continue
-            first = start[mine & backward].min()
-            forward = mine & ~backward & (start < first)
+            forward = mine & model
+            if not forward.any():  # no DDP forward marker: everything before the backward pass
+                forward = mine & ~backward & (start < start[mine & backward].min())
             f, b = w.durations[forward].sum(), w.durations[mine & backward].sum()
             if b <= 0:
                 continue
@@ -166,8 +174,8 @@ def _recompute_forward(w: WhatIf, graph: DataflowGraph) -> dict[str, dict[str, f
             seen.setdefault(op_kind, []).append((f / 1e6, b / 1e6))
     if not seen:
         raise DproError("the recorded step shows no backward pass to recompute the forward pass in")
-    return {k: {"forward_ms": float(np.mean([f for f, _ in v])), "backward_ms": float(np.mean([b for _, b in v]))}
-            for k, v in seen.items()}
+    return {k: {"forward_ms": float(np.mean([f for f, _ in v])), "backward_ms": float(np.mean([b for _, b in v])),
+                "largest_forward_ms": float(max(f for f, _ in v))} for k, v in seen.items()}
 
 
 def _interference(analysis: RunAnalysis) -> Interference | None:
