@@ -4,6 +4,10 @@
 
 - ``bucket_cap_mb``, ``gradient_as_bucket_view``: every ``DistributedDataParallel`` is built
   with this bucket cap, with gradients as views into its buckets, whatever the script passed;
+- ``first_bucket_mb``: every ``DistributedDataParallel`` is built with
+  ``bucket_cap_mb_list=[first, cap]`` (torch 2.13; left out on a torch without it), ``cap`` the
+  strategy's bucket cap, else the script's, else DDP's default; if DDP refuses the list (under
+  compiled autograd's python reducer) the module is built with the script's arguments;
 - ``comm_hook`` (``fp16``, ``bf16``, ``powersgd`` with ``powersgd_rank``): registered on every
   ``DistributedDataParallel`` as its first forward pass begins, unless the script (or torch,
   for a fused optimizer) registered a hook already: DDP takes one, and the script's stays. A
@@ -60,8 +64,19 @@ class Applier:
 
         @functools.wraps(construct)
         def init(module: Any, *args: Any, **kwargs: Any) -> None:
-            args, kwargs, notes = applier._with_arguments(signature, module, args, kwargs, log_error)
-            construct(module, *args, **kwargs)
+            new_args, new_kwargs, notes = applier._with_arguments(signature, module, args, kwargs, log_error)
+            if not notes:
+                construct(module, *args, **kwargs)
+                return
+            try:
+                construct(module, *new_args, **new_kwargs)
+            except AssertionError as e:  # bucket_cap_mb_list refused (compiled autograd's python reducer), before
+                if "bucket_cap_mb_list" not in str(e):  # any collective: the script's arguments; anything else is DDP's
+                    raise
+                applier.left_out.extend(f"{note}: {str(e).splitlines()[0][:200]}" for note in notes)
+                log_error("applying the strategy's DistributedDataParallel arguments", e)
+                construct(module, *args, **kwargs)
+                return
             applier.applied.extend(notes)
 
         @functools.wraps(forward)
@@ -84,12 +99,20 @@ class Applier:
                         log_error: Callable[[str, BaseException], None]) -> tuple[tuple, dict, list[str]]:
         """The constructor's arguments with the strategy's in place of the script's, and a note of each."""
         ours = {k: self.settings[k] for k in CONSTRUCTOR_SETTINGS if self.settings.get(k) is not None}
-        if not ours:
+        first = self.settings.get("first_bucket_mb")
+        if not ours and first is None:
             return args, kwargs, []
         try:
             bound = signature.bind(module, *args, **kwargs)
         except TypeError:  # the script's own call is wrong: let DDP say so
             return args, kwargs, []
+        if first is not None:
+            if "bucket_cap_mb_list" in signature.parameters:
+                cap = ours.get("bucket_cap_mb") or bound.arguments.get("bucket_cap_mb") or _default_bucket_cap_mb()
+                ours["bucket_cap_mb_list"] = [first, cap]
+            elif not any(note.startswith("first_bucket_mb") for note in self.left_out):
+                self.left_out.append(f"first_bucket_mb={_shown(first)} (this torch's DistributedDataParallel "
+                                     "has no bucket_cap_mb_list; torch 2.13 has)")
         try:
             notes = []
             for name, value in ours.items():
@@ -121,5 +144,13 @@ class Applier:
             self.applied.append(f"comm_hook={name}")
 
 
+def _default_bucket_cap_mb() -> float:
+    from torch.nn.parallel import distributed
+
+    return getattr(distributed, "_DEFAULT_BUCKET_CAP_MB", 25)
+
+
 def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
     return str(value) if isinstance(value, bool) or not isinstance(value, (int, float)) else f"{value:g}"

@@ -104,9 +104,11 @@ def ddp_layout(ddp: Any) -> dict[str, Any]:
         })
     logging = ddp._get_ddp_logging_data()
     config = getattr(ddp, "_bucket_config", None)  # recent torch; older releases always capped the first at 1 MiB
-    first = getattr(config, "first_bucket_bytes_cap", None)
-    return {"module": type(ddp.module).__name__, "bucket_cap_bytes": ddp.bucket_bytes_cap,
+    per_bucket = list(getattr(config, "per_bucket_bytes_caps", ()))  # bucket_cap_mb_list: the first, the others
+    first = per_bucket[0] if per_bucket else getattr(config, "first_bucket_bytes_cap", None)
+    return {"module": type(ddp.module).__name__, "bucket_cap_bytes": per_bucket[-1] if per_bucket else ddp.bucket_bytes_cap,
             "first_bucket_bytes_cap": first if first is not None else 1024 * 1024,
+            "bucket_cap_bytes_list": per_bucket,
             "find_unused_parameters": ddp.find_unused_parameters,
             "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
             "static_graph": getattr(ddp, "static_graph", False),

@@ -46,7 +46,7 @@ from dpro.optimizer.strategy import Strategy
 __all__ = ["Evaluated", "SearchResult", "Tricks", "search"]
 
 MIN_EXPOSED_COMM = 0.02
-COMMUNICATION_PASSES = frozenset({"tensor_fusion", "compression"})
+COMMUNICATION_PASSES = frozenset({"tensor_fusion", "first_bucket", "compression"})
 START_TEMPERATURE = 0.05
 COOLING = 0.9
 

@@ -3,6 +3,9 @@
 Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` sets):
 
 - ``bucket_cap_mb``: DDP's gradient bucket cap (``DistributedDataParallel(bucket_cap_mb=...)``);
+- ``first_bucket_mb``: the cap of DDP's first bucket (the gradients ready first), the others
+  keeping theirs (``DistributedDataParallel(bucket_cap_mb_list=[first, cap])``, torch 2.13; DDP's
+  own first cap is 1 MiB when ``bucket_cap_mb`` is left out and the cap itself when it is given);
 - ``comm_hook``: ``fp16`` or ``bf16`` (DDP's compression hooks) or ``powersgd`` with
   ``powersgd_rank`` (``matrix_approximation_rank``; ``start_powerSGD_iter`` 2, from the first
   steps on). Compression changes the numerics: such a strategy is ``lossy``.
@@ -30,7 +33,8 @@ from dpro.errors import DproError
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
-SETTINGS = ("bucket_cap_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view", "activation_checkpointing")
+SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view", "activation_checkpointing")
+DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
 
@@ -54,6 +58,8 @@ class Strategy:
         parts = []
         if "bucket_cap_mb" in self.settings:
             parts.append(f"bucket-cap-{self.settings['bucket_cap_mb']:g}mb")
+        if "first_bucket_mb" in self.settings:
+            parts.append(f"first-bucket-{self.settings['first_bucket_mb']:g}mb")
         hook = self.settings.get("comm_hook")
         if hook:
             parts.append(f"powersgd-{self.settings['powersgd_rank']}" if hook == "powersgd" else hook)
@@ -72,7 +78,8 @@ class Strategy:
         """The configuration :func:`dpro.analysis.whatif.predict` predicts."""
         hook = self.settings.get("comm_hook")
         compress = f"powersgd:{self.settings['powersgd_rank']}" if hook == "powersgd" else hook
-        return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"), compress=compress,
+        return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"),
+                      first_bucket_mb=self.settings.get("first_bucket_mb"), compress=compress,
                       recompute_forward=bool(self.settings.get("activation_checkpointing")) or None)
 
     def code(self) -> list[str]:
@@ -81,10 +88,16 @@ class Strategy:
         arguments = []
         if "bucket_cap_mb" in self.settings:
             arguments.append(f"bucket_cap_mb={self.settings['bucket_cap_mb']:g}")
+        if "first_bucket_mb" in self.settings:
+            cap = self.settings.get("bucket_cap_mb")
+            arguments.append(f"bucket_cap_mb_list=[{self.settings['first_bucket_mb']:g}, "
+                             f"{DEFAULT_BUCKET_CAP_MB if cap is None else cap:g}]")
         if self.settings.get("gradient_as_bucket_view"):
             arguments.append("gradient_as_bucket_view=True")
         if arguments:
             lines.append(f"model = DistributedDataParallel(module, ..., {', '.join(arguments)})")
+        if "first_bucket_mb" in self.settings and "bucket_cap_mb" not in self.settings:
+            lines.append(f"# bucket_cap_mb_list's second cap: your bucket_cap_mb if you give one ({DEFAULT_BUCKET_CAP_MB} is DDP's default)")
         hook = self.settings.get("comm_hook")
         if hook in ("fp16", "bf16"):
             lines += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
@@ -107,9 +120,10 @@ def validate(settings: dict[str, Any]) -> None:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise StrategyError(f"unknown strategy setting {unknown[0]!r} (known: {', '.join(SETTINGS)})")
-    cap = settings.get("bucket_cap_mb")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < 1e6):
-        raise StrategyError(f"bucket_cap_mb must be a positive number of MB, not {cap!r}")
+    for name in ("bucket_cap_mb", "first_bucket_mb"):
+        cap = settings.get(name)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < 1e6):
+            raise StrategyError(f"{name} must be a positive number of MB, not {cap!r}")
     hook = settings.get("comm_hook")
     if hook is not None and hook not in HOOKS:
         raise StrategyError(f"comm_hook must be one of {', '.join(HOOKS)}, not {hook!r}")

@@ -27,12 +27,13 @@ import pandas as pd
 
 from dpro.errors import DproError
 from dpro.graph.collectives import schedule
-from dpro.graph.dataflow import DataflowGraph
+from dpro.graph.dataflow import DataflowGraph, text_as_categories
 
 from dpro.replayer.cost import AlphaBeta, fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, overlap, relative_slowdown
 from dpro.replayer.simulate import Replay, Replayer
 
+ISSUE_EDGES = ("enqueue", "launch")  # from the op that issued a collective to its instance (gloo, NCCL)
 INTERFERENCE_ROUNDS = 8  # at most this many replays re-time ops for the overlap the previous one found
 INTERFERENCE_TOLERANCE = 1e-3  # ... and none once no op's factor would move by more than this
 
@@ -53,7 +54,9 @@ class WhatIf:
         (:mod:`dpro.replayer.interference`; ``None``: durations do not depend on overlap).
         ``incremental=False`` replays the whole graph every time (see :meth:`replay`), to
         measure what re-replaying only the changed part saves."""
-        self.graph = graph
+        self.graph = graph  # with the copies :meth:`split_collective` made, if any
+        self._recorded_graph = graph
+        self._origin = np.arange(len(graph.nodes))  # per node, the recorded node it copies
         self.incremental = incremental
         self.interference = interference
         self._classes: NodeClasses | None = None  # derived at the first replay with interference
@@ -74,7 +77,8 @@ class WhatIf:
             if key in self.model and np.isfinite(c.bytes):
                 self._model_of.update({v: key for v in c.sends})
         sends = np.fromiter(self._model_of, np.int64)
-        self._recorded = self._timing(sends)
+        self._recorded = np.full((len(nodes), 5), np.nan)  # per send, what its measured time was for
+        self._recorded[sends] = self._timing(sends)
         self._residual = np.ones(len(nodes))
         keys = [self._model_of[int(v)] for v in sends]
         for key in set(keys):
@@ -118,13 +122,14 @@ class WhatIf:
 
     def set_collective_bytes(self, coll: str, occurrence: int, nbytes: float, parts: int = 1) -> "WhatIf":
         """Resize collective ``coll``'s ``occurrence``-th instance of a step to ``nbytes``, sent
-        as ``parts`` pieces (tensor partitioning: each piece pays the latency)."""
+        as ``parts`` pieces (tensor partitioning: each piece pays the latency); each send carries
+        its recorded share of ``nbytes``, whatever size was set before."""
         c = self._collective(coll, occurrence)
         old = float(c["bytes"])
         if not old == old or old <= 0:
             raise WhatIfError(f"{coll}#{occurrence} has no recorded size to scale")
         sends = np.asarray(c["sends"], np.int64)
-        self._bytes[sends] *= nbytes / old
+        self._bytes[sends] = self.graph.nodes["bytes"].to_numpy(np.float64)[sends] * (nbytes / old)
         self._parts[sends] = parts
         return self._retime_sends()
 
@@ -186,6 +191,97 @@ class WhatIf:
             self.edges = edges.reset_index(drop=True)
         return self
 
+    def split_collective(self, coll: str, occurrence: int, count: int) -> list[int]:
+        """Collective ``coll``'s ``occurrence`` becomes ``count`` collectives issued one after the
+        other where it was (a bucket split in several): ``count - 1`` copies of its arrivals,
+        sends and ends go first, each with the recorded one's inputs and users, each send before
+        its copy's send on the same link. Returns their occurrences in order, the recorded
+        one's last; size them with :meth:`set_collective_bytes`, move them with :meth:`reissue`."""
+        if count <= 1:
+            return [occurrence]
+        c = self._collective(coll, occurrence)
+        graph, edges = self.graph, self.edges
+        n = len(graph.nodes)
+        sends, done = np.asarray(c["sends"], np.int64), np.asarray(c["done"], np.int64)
+        members = np.unique(np.concatenate([self._arrivals(c), sends, done]))
+        inside = np.zeros(n, bool)
+        inside[members] = True
+        src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
+        touching = edges[inside[src] | inside[dst]]
+        t_src, t_dst = touching["src"].to_numpy(np.int64), touching["dst"].to_numpy(np.int64)
+        chained = members[np.isin(members, done, invert=True)]  # arrivals and sends queue behind their copies ...
+        arrivals = self._arrivals(c)
+        rank = self.graph.nodes["rank"].to_numpy()
+        arrival_of = {int(rank[a]): int(a) for a in arrivals}
+        ends = np.array([d for r, d in zip(c["ranks"], done) if r in arrival_of], np.int64)  # ... and each rank's
+        starts = np.array([arrival_of[r] for r in c["ranks"] if r in arrival_of], np.int64)  # end before the next's start
+        first = int(graph.collectives.loc[graph.collectives["coll"] == coll, "occurrence"].max()) + 1
+        new_nodes, new_edges, new_rows, occurrences = [], [], [], []
+        previous = None
+        for j in range(count - 1):
+            ids = np.full(n, -1, np.int64)
+            ids[members] = n + j * len(members) + np.arange(len(members))
+            new_nodes.append(graph.nodes.loc[members].assign(name=lambda f, k=first + j: f["name"].astype(str).str.replace(
+                f"{coll}#{occurrence}", f"{coll}#{k}", regex=False)))
+            new_edges.append(touching.assign(src=np.where(inside[t_src], ids[t_src], t_src),
+                                             dst=np.where(inside[t_dst], ids[t_dst], t_dst)))
+            if previous is not None:
+                new_edges.append(_order_edges(previous[chained], ids[chained]))
+                new_edges.append(_order_edges(previous[ends], ids[starts]))
+            previous = ids
+            new_rows.append({**c.to_dict(), "occurrence": first + j, "sends": ids[sends].tolist(), "done": ids[done].tolist()})
+            occurrences.append(first + j)
+        new_edges.append(_order_edges(previous[chained], chained))
+        new_edges.append(_order_edges(previous[ends], starts))
+        copied = np.tile(members, count - 1)
+        wraps = graph.wraps.copy()
+        heads = wraps["dst"].to_numpy(np.int64)
+        into = np.isin(heads, members)  # a queue's first op in the step is now the first copy's
+        wraps.loc[into, "dst"] = n + np.searchsorted(members, heads[into])
+        nodes = text_as_categories(pd.concat([graph.nodes, *new_nodes], ignore_index=True))
+        self.graph = dataclasses.replace(graph, nodes=nodes, wraps=wraps, collectives=pd.concat(
+            [graph.collectives, pd.DataFrame(new_rows)], ignore_index=True))
+        self.edges = pd.concat([edges, *new_edges], ignore_index=True)
+        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded"):
+            values = getattr(self, name)
+            setattr(self, name, np.concatenate([values, values[copied]]))
+        self._origin = np.concatenate([self._origin, self._origin[copied]])
+        self._recorded[n:] = np.nan  # a copy is re-timed for its own bytes
+        for j in range(count - 1):
+            self._model_of.update({n + j * len(members) + int(np.searchsorted(members, v)): self._model_of[int(v)]
+                                   for v in sends if int(v) in self._model_of})
+        return occurrences + [occurrence]
+
+    def _arrivals(self, c: pd.Series) -> np.ndarray:
+        """The ranks' arrivals at collective ``c`` (where each issued it)."""
+        edges = self.edges
+        into_done = edges[edges["dst"].isin(c["done"]) & (edges["kind"] == "arrive")]["src"].to_numpy(np.int64)
+        return np.unique(into_done[self.graph.nodes["kind"].to_numpy()[into_done] != "transfer"])
+
+    def reissue(self, coll: str, occurrence: int, issuers: dict[int, int]) -> bool:
+        """Collective ``coll``'s ``occurrence`` issued on each rank by another op (``issuers``:
+        rank -> node id), e.g. a bucket whose last gradient is now ready earlier: the edge from the
+        op that issued the rank's instance (the call that enqueued it, or launched its kernel) leaves
+        the new op instead, with its recorded lag (no earlier than the new op's start). Returns
+        whether every rank's could be moved; none is moved otherwise."""
+        c = self._collective(coll, occurrence)
+        edges = self.edges
+        dst, kind = edges["dst"].to_numpy(), edges["kind"].to_numpy()
+        ranks = self.graph.nodes["rank"].to_numpy()
+        arrivals = self._arrivals(c)
+        lag = edges["lag_ns"].to_numpy(np.float64).copy()
+        src = edges["src"].to_numpy(np.int64).copy()
+        for rank in c["ranks"]:
+            if rank not in issuers:
+                continue
+            issued = np.isin(dst, arrivals[ranks[arrivals] == rank]) & np.isin(kind, ISSUE_EDGES)
+            if not issued.any():
+                return False
+            src[issued] = issuers[rank]
+            lag[issued] = np.maximum(lag[issued], -self.durations[issuers[rank]])
+        self.edges = edges.assign(src=src, lag_ns=lag)
+        return True
+
     def replay(self) -> Replay:
         """Replay the graph with the changes made so far. Successive calls on an unchanged
         structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops.
@@ -201,15 +297,18 @@ class WhatIf:
         if self.interference is None:
             return result
         if self._reference is None:
+            graph = self._recorded_graph
+            unchanged = self.edges is graph.edges and \
+                np.array_equal(self.durations, graph.nodes["dur_ns"].to_numpy(np.float64))
+            recorded = result if unchanged else Replayer(graph).replay()
+            self._reference = overlap(NodeClasses.of(graph), recorded.start_ns, recorded.end_ns, recorded.step_ns)
+        if self._classes is None or len(self._classes.rank) != len(self.durations):
             self._classes = NodeClasses.of(self.graph)
-            unchanged = self.edges is self.graph.edges and \
-                np.array_equal(self.durations, self.graph.nodes["dur_ns"].to_numpy(np.float64))
-            recorded = result if unchanged else Replayer(self.graph).replay()
-            self._reference = overlap(self._classes, recorded.start_ns, recorded.end_ns, recorded.step_ns)
+        reference = self._reference[self._origin]
         factor: np.ndarray | None = None
         for _ in range(INTERFERENCE_ROUNDS):
             found = overlap(self._classes, result.start_ns, result.end_ns, result.step_ns)
-            slowdown = relative_slowdown(self._classes, self.interference, found, self._reference)
+            slowdown = relative_slowdown(self._classes, self.interference, found, reference)
             if factor is not None and np.max(np.abs(slowdown - factor), initial=0.0) <= INTERFERENCE_TOLERANCE:
                 break
             factor = slowdown if factor is None else (factor + slowdown) / 2
@@ -237,7 +336,12 @@ class WhatIf:
     def _retime_sends(self) -> "WhatIf":
         sends = np.fromiter(self._model_of, np.int64)
         if len(sends):
-            changed = (self._timing(sends) != self._recorded).any(axis=1)
+            changed = (self._timing(sends) != self._recorded[sends]).any(axis=1)
             v = sends[changed]
             self.durations[v] = self._send_model_ns(v) * self._residual[v] + self._extra[v]
         return self
+
+
+def _order_edges(src: np.ndarray, dst: np.ndarray) -> pd.DataFrame:
+    """Program order from each of ``src`` to the same place in ``dst``, without a gap."""
+    return pd.DataFrame({"src": src.astype(np.int64), "dst": dst.astype(np.int64), "lag_ns": 0, "kind": "order"})

@@ -12,10 +12,10 @@ import pytest
 
 from dpro.analysis import RunAnalysis
 from dpro.analysis.memory import RankMemory, rank_memory
-from dpro.analysis.whatif import Change, predict
+from dpro.analysis.whatif import Change, Prediction, predict
 from dpro.graph.kineto.memory import memory_peaks
 from dpro.optimizer.memory import strategy_memory_bytes
-from dpro.optimizer.passes import checkpointing, compression, memory, tensor_fusion
+from dpro.optimizer.passes import checkpointing, compression, first_bucket, memory, tensor_fusion
 from dpro.optimizer.passes.checkpointing import block_lists
 from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
@@ -37,6 +37,10 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     assert s.change().bucket_cap_mb == 50 and s.change().compress == "powersgd:2"
     assert any("bucket_cap_mb=50" in line for line in s.code())
     assert any("matrix_approximation_rank=2" in line for line in s.code())
+    first = Strategy({"first_bucket_mb": 0.25})
+    assert first.name == "first-bucket-0.25mb" and not first.lossy and first.change().first_bucket_mb == 0.25
+    assert first.code()[0] == "model = DistributedDataParallel(module, ..., bucket_cap_mb_list=[0.25, 25])"
+    assert "your bucket_cap_mb" in first.code()[1]
     exact = Strategy({"bucket_cap_mb": 5, "gradient_as_bucket_view": True})
     assert not exact.lossy and exact.change().compress is None and exact.name == "bucket-cap-5mb+grad-as-bucket-view"
     assert exact.code() == ["model = DistributedDataParallel(module, ..., bucket_cap_mb=5, gradient_as_bucket_view=True)"]
@@ -46,6 +50,7 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
 @pytest.mark.parametrize("settings, fragment", [
     ({"bucket_cap": 5}, "unknown strategy setting 'bucket_cap'"),
     ({"bucket_cap_mb": -1}, "positive number"),
+    ({"first_bucket_mb": "1"}, "first_bucket_mb must be a positive number"),
     ({"comm_hook": "int8"}, "comm_hook must be one of"),
     ({"comm_hook": "powersgd"}, "powersgd_rank goes with"),
     ({"comm_hook": "powersgd", "powersgd_rank": 0}, "positive integer"),
@@ -88,6 +93,17 @@ class RecordedLayout:
 def test_tensor_fusion_leaves_the_recorded_cap_out() -> None:
     caps = [s["bucket_cap_mb"] for s in tensor_fusion(RecordedLayout()).settings]
     assert caps == [0.25, 0.5, 1, 2, 5, 10, 50, 100]
+
+
+def test_first_bucket_proposes_first_caps_below_the_jobs_cap(analysis: RunAnalysis) -> None:
+    explicit = RecordedLayout()  # bucket_cap_mb given: DDP caps the first bucket at the cap too
+    explicit.ddp_layout = {**RecordedLayout.ddp_layout, "first_bucket_bytes_cap": 25 * 2 ** 20}
+    assert [s["first_bucket_mb"] for s in first_bucket(explicit).settings] == [0.25, 1, 5]
+    default = RecordedLayout()
+    default.ddp_layout = {**RecordedLayout.ddp_layout, "first_bucket_bytes_cap": 2 ** 20}
+    assert [s["first_bucket_mb"] for s in first_bucket(default).settings] == [0.25, 5], "the recorded first cap left out"
+    none = first_bucket(analysis)  # 0.05 MB buckets: no first cap of the ladder is below
+    assert not none.settings and "no first cap below the bucket cap (0.05 MB)" in none.why
 
 
 def test_compression_proposes_the_hooks_the_calibration_timed(analysis: RunAnalysis) -> None:
@@ -201,6 +217,47 @@ def test_apply_sets_the_bucket_cap_and_hook_of_a_real_job_and_compare_checks_its
     assert "prediction: bucket-cap-0.5mb+fp16+grad-as-bucket-view was predicted at 1.00 ms" in text
     assert "critical path, ms" in text
     assert_one_line_error(dpro("compare", recorded_run, tmp_path / "missing"), "missing")
+
+
+def test_a_smaller_first_bucket_is_built_as_ddp_builds_it_and_reduced_earlier(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"  # DDP's cap of 25 MB given: one bucket holds every gradient
+    done = dpro("record", "-o", whole, "--skip", "3", "--warmup", "1", "--steps", "1", "--no-calibrate", "--",
+                *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "6", *SMALL_LM)
+    assert done.returncode == 0, done.stderr
+    analysis = RunAnalysis(open_run(whole))
+    assert len(analysis.ddp_layout["buckets"]) == 1
+    predicted = Prediction.of(analysis, Change(first_bucket_mb=0.05))
+    assert predicted.summary["reissued"] == 1, "the first bucket's all-reduce now starts at its own last gradient"
+    both = predict(analysis, Change(first_bucket_mb=0.05, recompute_forward=True))
+    assert both["predicted_step_ms"] > 0 and both["buckets_bytes"] == predicted.summary["buckets_bytes"]
+    split, stderr = _record_applying(tmp_path, {"first_bucket_mb": 0.05})
+    meta = json.loads((split / "ranks" / "0" / "meta.json").read_text())
+    assert meta["applied"]["applied"] == ["bucket_cap_mb_list=[0.05, 25]"]
+    ddp = meta["ddp"][0]
+    assert ddp["bucket_cap_bytes_list"] == [int(0.05 * 2 ** 20), 25 * 2 ** 20] and ddp["first_bucket_bytes_cap"] == int(0.05 * 2 ** 20)
+    assert predicted.summary["buckets_bytes"] == [b["bytes"] for b in ddp["buckets"]], "DDP built the predicted buckets"
+    recorded, changed = analysis.graph.collectives, predicted.graph.collectives
+    copies = sorted(set(changed["occurrence"]) - set(recorded["occurrence"]))
+    assert len(copies) == 1, "the recorded bucket's all-reduce split in two"
+    total = analysis.ddp_layout["buckets"][0]["bytes"]
+    bucket = int(recorded.query("coll == 'all_reduce' and bytes == @total")["occurrence"].iloc[0])
+    first, second = _issuer_start(predicted.graph, copies[0]), _issuer_start(predicted.graph, bucket)
+    assert second == _issuer_start(analysis.graph, bucket), "the last bucket is issued where it was"
+    assert first < second, "the first bucket is issued by an earlier gradient than the second"
+    nodes, replay = predicted.graph.nodes, predicted.replay
+    sends = nodes.index[nodes["kind"] == "transfer"]
+    for _, on_link in nodes.loc[sends].groupby("resource", observed=True):
+        order = on_link.index[replay.start_ns[on_link.index].argsort()]
+        assert (replay.start_ns[order[1:]] >= replay.end_ns[order[:-1]] - 1e-6).all(), "a link sends one at a time"
+
+
+def _issuer_start(graph, occurrence: int) -> float:
+    """When rank 0's op that issued all_reduce ``occurrence`` starts."""
+    c = graph.collectives.query("coll == 'all_reduce' and occurrence == @occurrence").iloc[0]
+    edges, nodes = graph.edges, graph.nodes
+    arrivals = edges[edges["dst"].isin(c["done"]) & (edges["kind"] == "arrive")]["src"]
+    issuers = edges[edges["dst"].isin(arrivals) & (edges["kind"] == "enqueue")]["src"]
+    return float(nodes.loc[issuers][nodes.loc[issuers, "rank"] == 0]["offset_ns"].min())
 
 
 def test_the_scripts_own_hook_stays_and_a_code_change_is_left_out(tmp_path: Path) -> None:

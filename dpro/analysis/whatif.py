@@ -5,12 +5,16 @@ sends timed by the link model fitted on the run's calibration
 (:mod:`dpro.replayer.linkmodel`; on the graph's own collectives when the run was recorded with
 ``--no-calibrate``). Changes, applied in this order:
 
-- **bucket cap**: DDP's buckets rebuilt for the new cap exactly as DDP builds them, from the
-  recorded parameters (:mod:`dpro.replayer.buckets`). A new bucket is all-reduced where the
-  recorded bucket holding its last parameter was: recorded buckets that no new bucket ends in
-  are fused into the next; a recorded bucket in which several new ones end becomes their
-  all-reduces, one after the other (each paying the call's fixed cost). A new bucket issued
-  earlier than the recorded one it ends in is not moved earlier.
+- **bucket cap** and **first bucket**: DDP's buckets rebuilt for the new caps exactly as DDP
+  builds them, from the recorded parameters (:mod:`dpro.replayer.buckets`). A new bucket takes
+  the all-reduce of the recorded bucket holding its last parameter: recorded buckets that no new
+  bucket ends in are fused into the next; a recorded bucket in which several new ones end becomes
+  their all-reduces, in order (copies of its all-reduce, each paying the call's fixed cost, each
+  send queued behind the same send of the one before). Each all-reduce is issued where DDP issues
+  it, by autograd's ``AccumulateGrad`` op of the last of its gradients (the k-th such op of a rank
+  readies the k-th parameter in the recorded order), so a bucket that now ends earlier starts
+  earlier. Where the ranks do not show one such op per parameter, every new bucket waits for
+  the recorded bucket it ends in.
 - **compression** (``fp16``, ``bf16``): DDP's hook halves each bucket's bytes and adds its
   compute (the cast and the copy back, timed in calibration).
 - **recompute forward** (activation checkpointing): the backward pass runs the forward pass
@@ -60,6 +64,7 @@ from dpro.analysis.run import RunAnalysis
 
 __all__ = ["COMPRESSIONS", "Change", "Prediction", "predict"]
 
+ACCUMULATE_GRAD_EVENT = f"{BACKWARD_EVENT_PREFIX}: torch::autograd::AccumulateGrad"  # a gradient made ready
 DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
@@ -70,6 +75,7 @@ class Change:
     """A configuration to predict; ``None``: as recorded."""
 
     bucket_cap_mb: float | None = None
+    first_bucket_mb: float | None = None
     bandwidth_scale: float | None = None
     compress: str | None = None
     world_size: int | None = None
@@ -111,19 +117,20 @@ class Prediction:
         details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
                                    "link_mbit_s": {c: round(rate * 8e3, 1) for c, rate in sorted(wires.items())},
                                    "interference": None if slowdown is None else asdict(slowdown)}
-        if change.bucket_cap_mb is not None or change.compress is not None:
+        rebucket = change.bucket_cap_mb is not None or change.first_bucket_mb is not None
+        if rebucket or change.compress is not None:
             layout = _layout(analysis)
             ddp = _ddp_buckets(analysis, graph)
-            buckets = _buckets(layout, change.bucket_cap_mb)
-            if change.bucket_cap_mb is not None:
-                ddp = _rebucket(w, layout, ddp, buckets)
+            buckets = _buckets(layout, change.bucket_cap_mb, change.first_bucket_mb)
+            if rebucket:
+                ddp, details["reissued"] = _rebucket(w, graph, layout, ddp, buckets)
                 details["buckets_bytes"] = [b for _, b in ddp]
             if change.compress is not None and change.compress.startswith("powersgd:"):
                 details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
             elif change.compress is not None:
                 details["compression"] = _compress(w, analysis, ddp, change.compress)
         if change.recompute_forward:
-            details["recompute"] = _recompute_forward(w, graph)
+            details["recompute"] = _recompute_forward(w)
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.bandwidth_scale is not None:
@@ -140,20 +147,20 @@ class Prediction:
                                                         "predicted_step_ms", "unanchored_step_ms")}
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
                    "per_rank": per_rank}
-        return cls(summary, replace(graph, edges=w.edges), result)
+        return cls(summary, replace(w.graph, edges=w.edges), result)
 
 
-def _recompute_forward(w: WhatIf, graph: DataflowGraph) -> dict[str, dict[str, float]]:
+def _recompute_forward(w: WhatIf) -> dict[str, dict[str, float]]:
     """Stretch each rank's backward ops by its forward's share (see the module docstring);
     per kind of op, ms of forward and backward, the mean over ranks, and the largest rank's forward."""
-    nodes = graph.nodes
+    nodes = w.graph.nodes  # with the copies of a split bucket's all-reduce, if any
     rank = nodes["rank"].to_numpy()
     kind = nodes["kind"].astype(str).to_numpy()
     start = nodes["offset_ns"].to_numpy(np.float64)
     names = nodes["name"].astype(str)
     backward_cpu = names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
     model_cpu = (names == DDP_FORWARD_EVENT).to_numpy()
-    launches = graph.edges[graph.edges["kind"] == "launch"]
+    launches = w.edges[w.edges["kind"] == "launch"]
     src, dst = launches["src"].to_numpy(), launches["dst"].to_numpy()
     backward_gpu, model_gpu = np.zeros(len(nodes), bool), np.zeros(len(nodes), bool)
     backward_gpu[dst[backward_cpu[src]]] = True
@@ -219,38 +226,72 @@ def _ddp_buckets(analysis: RunAnalysis, graph: Any) -> list[tuple[int, int]]:
     raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
 
 
-def _buckets(layout: dict[str, Any], cap_mb: float | None) -> list[list[Param]]:
+def _buckets(layout: dict[str, Any], cap_mb: float | None, first_mb: float | None = None) -> list[list[Param]]:
     """The parameters of every bucket, in all-reduce order: as recorded, or as DDP builds them
-    for a cap of ``cap_mb``."""
+    for a cap of ``cap_mb`` (else the recorded cap) and a first bucket of ``first_mb`` (else
+    what DDP's first cap is with that cap)."""
     ready = ready_order(layout)
-    if cap_mb is None:
+    if cap_mb is None and first_mb is None:
         ends = np.cumsum([len(b["params"]) for b in layout["buckets"]])
         return [ready[start:end] for start, end in zip(np.r_[0, ends[:-1]], ends)]
-    cap = int(cap_mb * 2 ** 20)
-    return rebuilt_buckets(ready, cap, first_bucket_bytes(layout, cap))
+    cap = int(layout["bucket_cap_bytes"]) if cap_mb is None else int(cap_mb * 2 ** 20)
+    first = first_bucket_bytes(layout, cap) if first_mb is None else int(first_mb * 2 ** 20)
+    return rebuilt_buckets(ready, cap, first)
 
 
-def _rebucket(w: WhatIf, layout: dict[str, Any], ddp: list[tuple[int, int]],
-              new: list[list[Param]]) -> list[tuple[int, int]]:
+def _rebucket(w: WhatIf, graph: DataflowGraph, layout: dict[str, Any], ddp: list[tuple[int, int]],
+              new: list[list[Param]]) -> tuple[list[tuple[int, int]], int | str]:
     """Apply the ``new`` buckets in place of the recorded ones (``ddp``, in the graph): for each
-    new bucket, the all-reduce that now carries it and its bytes."""
+    new bucket, the all-reduce that now carries it and its bytes; and how many all-reduces are
+    now issued earlier (or why none could be)."""
     old_of = {p["name"]: i for i, b in enumerate(layout["buckets"]) for p in b["params"]}
-    ends_in: dict[int, list[int]] = {}
+    position = {p.name: k for k, p in enumerate(ready_order(layout))}
+    ends_in: dict[int, list[Param]] = {}
     for bucket in new:
-        ends_in.setdefault(old_of[bucket[-1].name], []).append(sum(p.nbytes for p in bucket))
+        ends_in.setdefault(old_of[bucket[-1].name], []).append(bucket)
     groups, pending, survivors = [], [], []
     for i, (occurrence, _) in enumerate(ddp):
         pending.append(occurrence)
         if i in ends_in:
             groups.append(pending)
-            survivors.append((occurrence, ends_in[i]))
+            survivors.append((occurrence, i, ends_in[i]))
             pending = []
     w.fuse_buckets([g for g in groups if len(g) > 1])
+    ready_ops = _gradient_ready_ops(graph, len(position))
+    reissued: int | str = 0 if isinstance(ready_ops, dict) else ready_ops
     out = []
-    for occurrence, parts in survivors:
-        w.set_collective_bytes("all_reduce", occurrence, float(sum(parts)), parts=len(parts))
-        out += [(occurrence, b) for b in parts]
-    return out
+    for occurrence, i, parts in survivors:
+        recorded_last = position[layout["buckets"][i]["params"][-1]["name"]]
+        if not isinstance(ready_ops, dict):  # no op to issue the earlier parts: one after the other, with the last
+            w.set_collective_bytes("all_reduce", occurrence, float(sum(sum(p.nbytes for p in b) for b in parts)),
+                                   parts=len(parts))
+            out += [(occurrence, sum(p.nbytes for p in b)) for b in parts]
+            continue
+        for part, bucket in zip(w.split_collective("all_reduce", occurrence, len(parts)), parts):
+            size = sum(p.nbytes for p in bucket)
+            w.set_collective_bytes("all_reduce", part, float(size))
+            last = position[bucket[-1].name]
+            if last != recorded_last and w.reissue("all_reduce", part, {r: int(ops[last]) for r, ops in ready_ops.items()}):
+                reissued = int(reissued) + 1
+            out.append((part, size))
+    return out, reissued
+
+
+def _gradient_ready_ops(graph: DataflowGraph, count: int) -> dict[int, np.ndarray] | str:
+    """Per rank, its ops that make gradients ready (autograd's ``AccumulateGrad``, where DDP's
+    hook marks a gradient ready and issues a full bucket), in order: the k-th readies the k-th
+    parameter in the recorded ready order (the order of DDP's rebuilt buckets, which holds while
+    the autograd graph does not change). A string saying why not, unless every rank has
+    ``count`` of them."""
+    nodes = graph.nodes
+    mine = nodes[nodes["name"].astype(str) == ACCUMULATE_GRAD_EVENT]
+    found = {int(r): g.sort_values("offset_ns").index.to_numpy() for r, g in mine.groupby("rank", observed=True)}
+    ranks = sorted(set(nodes.loc[nodes["kind"] != "transfer", "rank"].astype(int)))
+    short = [r for r in ranks if len(found.get(r, ())) != count]
+    if short:
+        return (f"rank {short[0]} shows {len(found.get(short[0], ()))} AccumulateGrad ops for {count} parameters: "
+                "every all-reduce stays where it was issued")
+    return found
 
 
 def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name: str) -> dict[str, float]:

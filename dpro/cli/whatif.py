@@ -31,6 +31,8 @@ class Compression(click.ParamType):
 @click.argument("run", type=RUN)
 @click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), metavar="MB",
               help="DDP's bucket cap: the buckets rebuilt as DDP would build them.")
+@click.option("--first-bucket-mb", type=click.FloatRange(min=0, min_open=True), metavar="MB",
+              help="DDP's first bucket's cap (bucket_cap_mb_list=[MB, cap]), the others' as recorded or --bucket-cap-mb.")
 @click.option("--bandwidth-scale", type=click.FloatRange(min=0, min_open=True), metavar="F",
               help="Every link F times as fast as recorded.")
 @click.option("--compress", type=Compression(),
@@ -43,7 +45,7 @@ class Compression(click.ParamType):
               help="Ops keep their recorded durations whatever their overlap with communication.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
-def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None, compress: str | None,
+def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
            world_size: int | None, ranks_per_host: int | None, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
@@ -51,9 +53,11 @@ def whatif(run: Any, bucket_cap_mb: float | None, bandwidth_scale: float | None,
 
     if ranks_per_host is not None and world_size is None:
         raise click.UsageError("--ranks-per-host goes with --world-size")
-    change = Change(bucket_cap_mb, bandwidth_scale, compress, world_size, ranks_per_host)
+    change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
+                    compress=compress, world_size=world_size, ranks_per_host=ranks_per_host)
     if change == Change():
-        raise click.UsageError("nothing to change: give --bucket-cap-mb, --bandwidth-scale, --compress or --world-size")
+        raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
+                               "--compress or --world-size")
     result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))

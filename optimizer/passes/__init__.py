@@ -10,9 +10,9 @@ from dpro.optimizer.passes.base import Proposals
 from dpro.optimizer.passes.checkpointing import checkpointing
 from dpro.optimizer.passes.compression import compression
 from dpro.optimizer.passes.memory import memory
-from dpro.optimizer.passes.tensor_fusion import tensor_fusion
+from dpro.optimizer.passes.tensor_fusion import first_bucket, tensor_fusion
 
-PASSES = {"tensor_fusion": tensor_fusion, "compression": compression, "memory": memory,
+PASSES = {"tensor_fusion": tensor_fusion, "first_bucket": first_bucket, "compression": compression, "memory": memory,
           "checkpointing": checkpointing}
 
-__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "memory", "tensor_fusion"]
+__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "first_bucket", "memory", "tensor_fusion"]

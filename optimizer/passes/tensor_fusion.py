@@ -1,9 +1,15 @@
-"""Tensor fusion and partition: DDP's gradient bucket cap.
+"""Tensor fusion and partition: DDP's gradient bucket cap and its first bucket's.
 
 Fewer, larger buckets pay the all-reduce's fixed cost fewer times; smaller ones start
 reducing earlier in the backward pass and overlap more of it. The caps proposed run from
 well below the recorded one to one bucket for all gradients, on a ×2–2.5 ladder; the cost model
 rebuilds DDP's buckets for each exactly as DDP would (:mod:`dpro.replayer.buckets`).
+
+The first bucket holds the gradients ready first (the model's last layers); a small one starts
+the first all-reduce early in the backward pass without making every bucket small. DDP caps it
+at 1 MiB by default but at the cap itself once the script gives ``bucket_cap_mb`` (torch 2.13),
+so a job that raised its cap lost its early start; :func:`first_bucket` proposes first caps
+below the job's cap.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dpro.analysis.run import RunAnalysis
 from dpro.optimizer.passes.base import Proposals
 
 LADDER_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+FIRST_LADDER_MB = (0.25, 1, 5)
 
 
 def tensor_fusion(analysis: RunAnalysis) -> Proposals:
@@ -30,3 +37,19 @@ def tensor_fusion(analysis: RunAnalysis) -> Proposals:
         if mb >= total_mb:
             break
     return Proposals([{"bucket_cap_mb": mb} for mb in caps])
+
+
+def first_bucket(analysis: RunAnalysis) -> Proposals:
+    """First-bucket caps below the job's bucket cap and below its gradients' total, except the
+    recorded first cap."""
+    layout = analysis.ddp_layout
+    if not layout or "buckets" not in layout:
+        return Proposals(why="the job used no DistributedDataParallel (or its buckets were not recorded)")
+    cap_mb = float(layout["bucket_cap_bytes"]) / 2 ** 20
+    first_mb = float(layout.get("first_bucket_bytes_cap") or layout["bucket_cap_bytes"]) / 2 ** 20
+    total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
+    firsts = [mb for mb in FIRST_LADDER_MB if mb < min(cap_mb, total_mb) and abs(mb - first_mb) > 1e-9 * mb]
+    if not firsts:
+        return Proposals(why=f"no first cap below the bucket cap ({cap_mb:.3g} MB) and the gradients' "
+                             f"{total_mb:.3g} MB other than the recorded {first_mb:.3g} MB")
+    return Proposals([{"first_bucket_mb": mb} for mb in firsts])
