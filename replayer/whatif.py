@@ -203,41 +203,39 @@ class WhatIf:
         graph, edges = self.graph, self.edges
         n = len(graph.nodes)
         sends, done = np.asarray(c["sends"], np.int64), np.asarray(c["done"], np.int64)
-        members = np.unique(np.concatenate([self._arrivals(c), sends, done]))
+        arrivals = self._arrivals(c)
+        members = np.unique(np.concatenate([arrivals, sends, done]))
         inside = np.zeros(n, bool)
         inside[members] = True
         src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
         touching = edges[inside[src] | inside[dst]]
         t_src, t_dst = touching["src"].to_numpy(np.int64), touching["dst"].to_numpy(np.int64)
         chained = members[np.isin(members, done, invert=True)]  # arrivals and sends queue behind their copies ...
-        arrivals = self._arrivals(c)
-        rank = self.graph.nodes["rank"].to_numpy()
+        rank = graph.nodes["rank"].to_numpy()
         arrival_of = {int(rank[a]): int(a) for a in arrivals}
         ends = np.array([d for r, d in zip(c["ranks"], done) if r in arrival_of], np.int64)  # ... and each rank's
         starts = np.array([arrival_of[r] for r in c["ranks"] if r in arrival_of], np.int64)  # end before the next's start
         first = int(graph.collectives.loc[graph.collectives["coll"] == coll, "occurrence"].max()) + 1
-        new_nodes, new_edges, new_rows, occurrences = [], [], [], []
-        previous = None
+        new_nodes, new_edges, new_rows, copies_of = [], [], [], []
         for j in range(count - 1):
-            ids = np.full(n, -1, np.int64)
+            ids = np.full(n, -1, np.int64)  # per recorded node, its j-th copy
             ids[members] = n + j * len(members) + np.arange(len(members))
             new_nodes.append(graph.nodes.loc[members].assign(name=lambda f, k=first + j: f["name"].astype(str).str.replace(
                 f"{coll}#{occurrence}", f"{coll}#{k}", regex=False)))
             new_edges.append(touching.assign(src=np.where(inside[t_src], ids[t_src], t_src),
                                              dst=np.where(inside[t_dst], ids[t_dst], t_dst)))
-            if previous is not None:
-                new_edges.append(_order_edges(previous[chained], ids[chained]))
-                new_edges.append(_order_edges(previous[ends], ids[starts]))
-            previous = ids
+            if copies_of:
+                new_edges.append(_order_edges(copies_of[-1][chained], ids[chained]))
+                new_edges.append(_order_edges(copies_of[-1][ends], ids[starts]))
+            copies_of.append(ids)
             new_rows.append({**c.to_dict(), "occurrence": first + j, "sends": ids[sends].tolist(), "done": ids[done].tolist()})
-            occurrences.append(first + j)
-        new_edges.append(_order_edges(previous[chained], chained))
-        new_edges.append(_order_edges(previous[ends], starts))
+        new_edges.append(_order_edges(copies_of[-1][chained], chained))
+        new_edges.append(_order_edges(copies_of[-1][ends], starts))
         copied = np.tile(members, count - 1)
         wraps = graph.wraps.copy()
         heads = wraps["dst"].to_numpy(np.int64)
         into = np.isin(heads, members)  # a queue's first op in the step is now the first copy's
-        wraps.loc[into, "dst"] = n + np.searchsorted(members, heads[into])
+        wraps.loc[into, "dst"] = copies_of[0][heads[into]]
         nodes = text_as_categories(pd.concat([graph.nodes, *new_nodes], ignore_index=True))
         self.graph = dataclasses.replace(graph, nodes=nodes, wraps=wraps, collectives=pd.concat(
             [graph.collectives, pd.DataFrame(new_rows)], ignore_index=True))
@@ -247,10 +245,9 @@ class WhatIf:
             setattr(self, name, np.concatenate([values, values[copied]]))
         self._origin = np.concatenate([self._origin, self._origin[copied]])
         self._recorded[n:] = np.nan  # a copy is re-timed for its own bytes
-        for j in range(count - 1):
-            self._model_of.update({n + j * len(members) + int(np.searchsorted(members, v)): self._model_of[int(v)]
-                                   for v in sends if int(v) in self._model_of})
-        return occurrences + [occurrence]
+        for ids in copies_of:
+            self._model_of.update({int(ids[v]): self._model_of[int(v)] for v in sends if int(v) in self._model_of})
+        return [*range(first, first + count - 1), occurrence]
 
     def _arrivals(self, c: pd.Series) -> np.ndarray:
         """The ranks' arrivals at collective ``c`` (where each issued it)."""

@@ -262,13 +262,12 @@ def _rebucket(w: WhatIf, graph: DataflowGraph, layout: dict[str, Any], ddp: list
     out = []
     for occurrence, i, parts in survivors:
         recorded_last = position[layout["buckets"][i]["params"][-1]["name"]]
+        sizes = [sum(p.nbytes for p in bucket) for bucket in parts]
         if not isinstance(ready_ops, dict):  # no op to issue the earlier parts: one after the other, with the last
-            w.set_collective_bytes("all_reduce", occurrence, float(sum(sum(p.nbytes for p in b) for b in parts)),
-                                   parts=len(parts))
-            out += [(occurrence, sum(p.nbytes for p in b)) for b in parts]
+            w.set_collective_bytes("all_reduce", occurrence, float(sum(sizes)), parts=len(parts))
+            out += [(occurrence, size) for size in sizes]
             continue
-        for part, bucket in zip(w.split_collective("all_reduce", occurrence, len(parts)), parts):
-            size = sum(p.nbytes for p in bucket)
+        for part, bucket, size in zip(w.split_collective("all_reduce", occurrence, len(parts)), parts, sizes):
             w.set_collective_bytes("all_reduce", part, float(size))
             last = position[bucket[-1].name]
             if last != recorded_last and w.reissue("all_reduce", part, {r: int(ops[last]) for r, ops in ready_ops.items()}):
@@ -284,7 +283,7 @@ def _gradient_ready_ops(graph: DataflowGraph, count: int) -> dict[int, np.ndarra
     the autograd graph does not change). A string saying why not, unless every rank has
     ``count`` of them."""
     nodes = graph.nodes
-    mine = nodes[nodes["name"].astype(str) == ACCUMULATE_GRAD_EVENT]
+    mine = nodes[nodes["name"] == ACCUMULATE_GRAD_EVENT]
     found = {int(r): g.sort_values("offset_ns").index.to_numpy() for r, g in mine.groupby("rank", observed=True)}
     ranks = sorted(set(nodes.loc[nodes["kind"] != "transfer", "rank"].astype(int)))
     short = [r for r in ranks if len(found.get(r, ())) != count]

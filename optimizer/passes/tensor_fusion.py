@@ -20,6 +20,7 @@ from dpro.optimizer.passes.base import Proposals
 
 LADDER_MB = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 FIRST_LADDER_MB = (0.25, 1, 5)
+NO_BUCKETS = "the job used no DistributedDataParallel (or its buckets were not recorded)"
 
 
 def tensor_fusion(analysis: RunAnalysis) -> Proposals:
@@ -27,7 +28,7 @@ def tensor_fusion(analysis: RunAnalysis) -> Proposals:
     recorded cap."""
     layout = analysis.ddp_layout
     if not layout or "buckets" not in layout:
-        return Proposals(why="the job used no DistributedDataParallel (or its buckets were not recorded)")
+        return Proposals(why=NO_BUCKETS)
     recorded_mb = float(layout["bucket_cap_bytes"]) / 2 ** 20
     total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
     caps = []
@@ -44,7 +45,7 @@ def first_bucket(analysis: RunAnalysis) -> Proposals:
     recorded first cap."""
     layout = analysis.ddp_layout
     if not layout or "buckets" not in layout:
-        return Proposals(why="the job used no DistributedDataParallel (or its buckets were not recorded)")
+        return Proposals(why=NO_BUCKETS)
     cap_mb = float(layout["bucket_cap_bytes"]) / 2 ** 20
     first_mb = float(layout.get("first_bucket_bytes_cap") or layout["bucket_cap_bytes"]) / 2 ** 20
     total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
