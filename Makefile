@@ -8,6 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: setup demo test test-fast bench clean
 
 $(BIN)/dpro: pyproject.toml
+	# the headless browser the tests open the HTML reports in
+	command -v chromedriver >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"

@@ -42,3 +42,24 @@ def recorded_run(tmp_path_factory) -> Path:
                   *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "12", *SMALL_LM, "--bucket-cap-mb", "0.05")
     assert result.returncode == 0, result.stderr
     return run
+
+
+CHROMEDRIVER = "/usr/bin/chromedriver"  # Debian's chromium-driver (make setup installs it)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A real headless Chromium driven by Selenium, with the browser console's messages kept."""
+    import os
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ["SE_AVOID_STATS"] = "true"  # Selenium Manager: no statistics, no driver download
+    options = webdriver.ChromeOptions()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()

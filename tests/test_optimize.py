@@ -155,6 +155,30 @@ def test_the_html_report_splits_each_step_and_shows_each_timeline(analysis: RunA
     assert "plotly.js" in html.lower() or "Plotly.newPlot" in html
 
 
+def test_the_html_report_draws_in_a_real_browser(analysis: RunAnalysis, tmp_path: Path, browser) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    data = report(search(analysis, budget_s=60))
+    write_html(analysis, data, tmp_path / "report.html", shown=2)
+    browser.get_log("browser")  # what earlier pages said
+    browser.get((tmp_path / "report.html").as_uri())
+    WebDriverWait(browser, 30).until(lambda b: b.execute_script(
+        "return document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2"))
+    figures = browser.execute_script("""return Array.from(document.querySelectorAll('.js-plotly-plot')).map(
+        gd => ({names: gd.data.map(t => t.name), bars: gd.querySelectorAll('.bars .point').length,
+                titles: Array.from(gd.querySelectorAll('.annotation-text')).map(a => a.textContent)}))""")
+    split, timeline = figures
+    changing = [s["name"] for s in data["strategies"] if s["apply"]][:2]
+    assert sorted(split["names"]) == ["communication", "compute", "idle", "launch-bound", "waiting"]
+    assert split["bars"] > 0, "the split's bars are drawn"
+    assert timeline["titles"][:2] == ["measured (the profiled window's typical step)", "predicted: recorded"]
+    assert timeline["titles"][2:] == [f"predicted: {name}" for name in changing]
+    rows = browser.execute_script("return document.querySelectorAll('table tr').length")
+    assert rows == 1 + len(data["strategies"])
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
 def test_optimize_writes_its_reports_and_refuses_to_overwrite_them(recorded_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "opt"
     done = dpro("optimize", recorded_run, "--json", "-o", out, "--budget", "120")
