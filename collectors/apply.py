@@ -12,8 +12,8 @@
   ``DistributedDataParallel`` as its first forward pass begins, unless the script (or torch,
   for a fused optimizer) registered a hook already: DDP takes one, and the script's stays. A
   hook DDP refuses (bf16 without CUDA and NCCL) is left out too; the job runs without it.
-- ``activation_checkpointing`` needs a change to the model's code (the strategy's ``code``):
-  it is left out, and said so.
+- ``activation_checkpointing`` and ``gradient_accumulation`` need a change to the model's code
+  or the training loop (the strategy's ``code``): they are left out, and said so.
 
 What was applied and what was left out goes to the rank's ``meta.json`` (``applied``). A
 failure here is logged and the job goes on as the script wrote it.
@@ -50,6 +50,9 @@ class Applier:
         if self.settings.get("activation_checkpointing"):
             self.left_out.append(f"activation_checkpointing={self.settings['activation_checkpointing']} "
                                  "(a change to the model's code: see the strategy's code)")
+        if self.settings.get("gradient_accumulation"):
+            self.left_out.append(f"gradient_accumulation={self.settings['gradient_accumulation']} "
+                                 "(a change to the training loop: see the strategy's code)")
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # the modules whose hook was decided
 
     def report(self) -> dict[str, Any]:

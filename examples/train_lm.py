@@ -18,8 +18,9 @@ as ``dpro record`` would, with a bare torch.profiler.
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import gc
+import math
 import os
 import time
 
@@ -146,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="gradient accumulation: each step's batch in K micro-batches, DDP's no_sync on all but the last")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--comm-hook", metavar="fp16|bf16|powersgd:RANK",
                    help="compress gradients with DDP's fp16, bf16 or PowerSGD communication hook")
@@ -156,7 +159,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torch-profiler", metavar="DIR",
                    help="profile with a bare torch.profiler (skip 10, warm-up 2, 5 steps) into DIR")
     p.add_argument("--profiler-window", default="10,2,5", help="skip,warmup,steps for --torch-profiler")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 1 <= args.accumulate <= args.batch_size:
+        p.error(f"--accumulate must be between 1 and the batch size {args.batch_size}")
+    return args
 
 
 def register_comm_hook(ddp: DistributedDataParallel, name: str) -> None:
@@ -227,12 +233,15 @@ def main(argv: list[str] | None = None) -> None:
     ends = []
     for step in range(args.steps):
         batch = synthetic_batch(gen, args.batch_size, args.seq_len, args.vocab).to(device)
-        logits = ddp(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), batch[:, 1:].reshape(-1))
-        if rank == args.slow_rank:
-            busy_compute(args.slow_ms, device)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        micro_batches = batch.chunk(args.accumulate)
+        for i, micro in enumerate(micro_batches):
+            with ddp.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
+                logits = ddp(micro[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, args.vocab), micro[:, 1:].reshape(-1))
+                if rank == args.slow_rank and i == 0:
+                    busy_compute(args.slow_ms, device)
+                (loss / len(micro_batches)).backward()
         optimizer.step()
         ends.append(time.time_ns())
         if profiler:

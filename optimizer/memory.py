@@ -10,6 +10,8 @@ with what the strategy's settings change.
   it holds (taken as activations), ``2 / L`` stays: the blocks' inputs, kept, and one block's
   activations while the backward pass recomputes it. Approximate: a model's activations are
   not all inside its blocks, nor spread evenly over them.
+- ``gradient_accumulation`` over ``K`` micro-batches: what the step adds (taken as
+  activations) divided by ``K`` (after checkpointing's share, with both).
 - the bucket cap: the buckets hold the same gradients, cut differently; no change.
 """
 
@@ -41,6 +43,10 @@ def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any])
     if blocks and m.added_bytes:
         count = block_lists(layout).get(blocks, (1, 0))[0]
         total -= round(m.added_bytes * (1 - min(1.0, 2 / count)))
+    micro_batches = settings.get("gradient_accumulation")
+    if micro_batches and m.added_bytes:
+        added = m.added_bytes - (m.peak_bytes - total)  # what checkpointing left of it
+        total -= round(added * (1 - 1 / micro_batches))
     if settings.get("gradient_as_bucket_view") and not m.gradient_as_bucket_view:
         total -= m.buckets_bytes
     buckets = [int(b["bytes"]) for b in layout.get("buckets", [])]

@@ -17,6 +17,11 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   ``model.blocks[0]``, ``model.blocks[1]``, ...) each run under
   ``torch.utils.checkpoint.checkpoint``: the backward pass recomputes their activations instead
   of keeping them. Exact (the same numbers, computed twice); a code change ``--apply`` cannot make.
+- ``gradient_accumulation``: ``K`` (2 or more): each step's batch in ``K`` micro-batches, each
+  forward and backward pass on one, DDP's ``no_sync`` on all but the last (one all-reduce of
+  the summed gradients a step). The same batch, the same numbers (the loss divided by ``K``),
+  except for a model whose layers mix the samples of a batch (BatchNorm's statistics). A change
+  to the training loop ``--apply`` cannot make.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from dpro.errors import DproError
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
-SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view", "activation_checkpointing")
+SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
+            "activation_checkpointing", "gradient_accumulation")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -67,6 +73,8 @@ class Strategy:
             parts.append("grad-as-bucket-view")
         if self.settings.get("activation_checkpointing"):
             parts.append(f"checkpoint-{self.settings['activation_checkpointing']}")
+        if self.settings.get("gradient_accumulation"):
+            parts.append(f"accumulate-{self.settings['gradient_accumulation']}")
         return "+".join(parts) or "as-recorded"
 
     @property
@@ -80,7 +88,8 @@ class Strategy:
         compress = f"powersgd:{self.settings['powersgd_rank']}" if hook == "powersgd" else hook
         return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"),
                       first_bucket_mb=self.settings.get("first_bucket_mb"), compress=compress,
-                      recompute_forward=bool(self.settings.get("activation_checkpointing")) or None)
+                      recompute_forward=bool(self.settings.get("activation_checkpointing")) or None,
+                      accumulate=self.settings.get("gradient_accumulation"))
 
     def code(self) -> list[str]:
         """The code change that makes the job run this strategy, one line each."""
@@ -112,6 +121,15 @@ class Strategy:
             lines += ["from torch.utils.checkpoint import checkpoint",
                       f"# in the model's forward, each block of self.{blocks}:",
                       "x = checkpoint(block, x, use_reentrant=False)  # instead of x = block(x)"]
+        k = self.settings.get("gradient_accumulation")
+        if k:
+            lines += ["import contextlib",
+                      "# in the training loop, instead of one forward and backward pass of the batch:",
+                      f"micro_batches = batch.chunk({k})",
+                      "for i, micro in enumerate(micro_batches):",
+                      "    with model.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():",
+                      "        (loss_fn(model(micro)) / len(micro_batches)).backward()",
+                      "optimizer.step()"]
         return lines
 
 
@@ -135,6 +153,9 @@ def validate(settings: dict[str, Any]) -> None:
     blocks = settings.get("activation_checkpointing")
     if blocks is not None and not (isinstance(blocks, str) and all(p.isidentifier() for p in blocks.split("."))):
         raise StrategyError(f"activation_checkpointing must name a list of the model's blocks, not {blocks!r}")
+    k = settings.get("gradient_accumulation")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 2):
+        raise StrategyError(f"gradient_accumulation must be a number of micro-batches of 2 or more, not {k!r}")
     view = settings.get("gradient_as_bucket_view")
     if view is not None and view is not True:
         raise StrategyError(f"gradient_as_bucket_view can only be true (DDP's default is false), not {view!r}")

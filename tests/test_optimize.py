@@ -13,9 +13,10 @@ import pytest
 from dpro.analysis import RunAnalysis
 from dpro.analysis.memory import RankMemory, rank_memory
 from dpro.analysis.whatif import Change, Prediction, predict
+from dpro.errors import DproError
 from dpro.graph.kineto.memory import memory_peaks
 from dpro.optimizer.memory import strategy_memory_bytes
-from dpro.optimizer.passes import checkpointing, compression, first_bucket, memory, tensor_fusion
+from dpro.optimizer.passes import checkpointing, compression, first_bucket, gradient_accumulation, memory, tensor_fusion
 from dpro.optimizer.passes.checkpointing import block_lists
 from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
@@ -45,6 +46,10 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     assert not exact.lossy and exact.change().compress is None and exact.name == "bucket-cap-5mb+grad-as-bucket-view"
     assert exact.code() == ["model = DistributedDataParallel(module, ..., bucket_cap_mb=5, gradient_as_bucket_view=True)"]
     assert Strategy().name == "as-recorded" and Strategy().code() == []
+    accumulate = Strategy({"gradient_accumulation": 4, "activation_checkpointing": "blocks"})
+    assert accumulate.name == "checkpoint-blocks+accumulate-4" and not accumulate.lossy
+    assert accumulate.change().accumulate == 4 and accumulate.change().recompute_forward
+    assert "micro_batches = batch.chunk(4)" in accumulate.code() and any("no_sync()" in line for line in accumulate.code())
 
 
 @pytest.mark.parametrize("settings, fragment", [
@@ -57,6 +62,8 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     ({"gradient_as_bucket_view": "yes"}, "can only be true"),
     ({"gradient_as_bucket_view": False}, "can only be true"),
     ({"activation_checkpointing": "blocks[0]"}, "list of the model's blocks"),
+    ({"gradient_accumulation": 1}, "gradient_accumulation must be a number of micro-batches of 2 or more"),
+    ({"gradient_accumulation": True}, "gradient_accumulation must be"),
 ])
 def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
     with pytest.raises(StrategyError, match=fragment):
@@ -285,13 +292,14 @@ def _issuer_start(graph, occurrence: int) -> float:
 
 
 def test_the_scripts_own_hook_stays_and_a_code_change_is_left_out(tmp_path: Path) -> None:
-    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 1, "comm_hook": "fp16", "activation_checkpointing": "blocks"},
-                                   "--comm-hook", "powersgd:1")
+    run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 1, "comm_hook": "fp16", "activation_checkpointing": "blocks",
+                                              "gradient_accumulation": 2}, "--comm-hook", "powersgd:1")
     meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
     assert meta["ddp"][0]["comm_hook"] == "powerSGD_hook", "DDP takes one hook: the script's"
     assert meta["applied"]["applied"] == ["bucket_cap_mb=1 (the script's 25)"]
     checkpointing_ = "activation_checkpointing=blocks (a change to the model's code: see the strategy's code)"
-    assert meta["applied"]["left_out"] == [checkpointing_, "comm_hook=fp16 (the script registered powerSGD_hook)"]
+    accumulation = "gradient_accumulation=2 (a change to the training loop: see the strategy's code)"
+    assert meta["applied"]["left_out"] == [checkpointing_, accumulation, "comm_hook=fp16 (the script registered powerSGD_hook)"]
     assert "left out comm_hook=fp16 (the script registered powerSGD_hook)" in stderr
     assert f"left out {checkpointing_}" in stderr
 
@@ -354,10 +362,12 @@ def test_the_recorded_run_measures_each_ranks_memory(analysis: RunAnalysis) -> N
 def test_search_respects_the_memory_budget(analysis: RunAnalysis) -> None:
     recorded = max(m.peak_bytes for m in rank_memory(analysis).values())
     view = recorded - max(m.buckets_bytes for m in rank_memory(analysis).values())
-    budget_gb = (recorded + view) / 2 / 1e9  # the buckets' copy of the gradients must go
+    budget_gb = (recorded + view) / 2 / 1e9  # the buckets' copy of the gradients must go, or activations shrink
     result = search(analysis, budget_s=60, memory_budget_gb=budget_gb)
     assert result.evaluated and all(e.memory_bytes <= budget_gb * 1e9 for e in result.evaluated)
-    assert all(e.strategy.settings.get("gradient_as_bucket_view") for e in result.evaluated)
+    assert all(e.strategy.settings.get("gradient_as_bucket_view") or e.strategy.settings.get("gradient_accumulation")
+               for e in result.evaluated)
+    assert any(not e.strategy.settings.get("gradient_accumulation") for e in result.evaluated)
     assert result.over_memory_budget > 0 and any("over the" in n for n in result.notes)
     unbounded = search(analysis, budget_s=60)
     assert any(not e.strategy.settings for e in unbounded.evaluated)
@@ -375,6 +385,32 @@ def test_activation_checkpointing_recomputes_the_forward_pass_in_the_backward(an
     assert checkpointed["unanchored_step_ms"] > as_recorded["unanchored_step_ms"]
     # by at most the forward pass recomputed on the rank where it is longest
     assert checkpointed["unanchored_step_ms"] <= as_recorded["unanchored_step_ms"] + recompute["largest_forward_ms"] * 1.05
+
+
+def test_gradient_accumulation_pays_each_ops_fixed_cost_per_micro_batch(analysis: RunAnalysis) -> None:
+    assert gradient_accumulation(analysis).settings == [{"gradient_accumulation": k} for k in (2, 4)]
+    as_recorded = predict(analysis, Change(), interference=False)
+    steps = {k: predict(analysis, Change(accumulate=k), interference=False) for k in (2, 4)}
+    recorded_backward = predict(analysis, Change(recompute_forward=True))["recompute"]["cpu"]["backward_ms"]
+    for k, predicted in steps.items():
+        cpu = predicted["accumulation"]["cpu"]
+        assert predicted["accumulation"]["micro_batches"] == k and 0 < cpu["fixed_share"] < 1
+        # a micro-batch's backward pass takes more than 1/k of the recorded one, less than all of it
+        assert recorded_backward / k < cpu["micro_batch_backward_ms"] < recorded_backward
+    assert as_recorded["unanchored_step_ms"] < steps[2]["unanchored_step_ms"] < steps[4]["unanchored_step_ms"]
+    with pytest.raises(DproError, match="2 micro-batches or more"):
+        predict(analysis, Change(accumulate=1))
+
+
+def test_the_example_accumulates_gradients_with_one_all_reduce_a_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "1", "--no-calibrate", "--",
+                *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "6", *SMALL_LM, "--accumulate", "2")
+    assert done.returncode == 0, done.stderr
+    analysis = RunAnalysis.open(run)
+    names = analysis.graph.nodes.query("rank == 0")["name"].astype(str)
+    assert (names == "DistributedDataParallel.forward").sum() == 2, "two micro-batches, each a forward pass"
+    assert len(analysis.graph.collectives.query("coll == 'all_reduce'")) == len(analysis.bucket_bytes())
 
 
 class Layers:
@@ -403,6 +439,9 @@ def test_the_memory_estimate_of_each_setting() -> None:
     assert strategy_memory_bytes({"activation_checkpointing": "convs"}, memory, Layers.ddp_layout) == 1300 - 600
     assert strategy_memory_bytes({"comm_hook": "powersgd", "powersgd_rank": 1}, memory, {}) == 1400
     assert strategy_memory_bytes({"comm_hook": "fp16"}, memory, Layers.ddp_layout) == 1300 + 2 * 8240
+    assert strategy_memory_bytes({"gradient_accumulation": 4}, memory, Layers.ddp_layout) == 1300 - 600
+    assert strategy_memory_bytes({"gradient_accumulation": 2, "activation_checkpointing": "convs"}, memory,
+                                 Layers.ddp_layout) == 1300 - 600 - 100
     assert strategy_memory_bytes({}, {}, Layers.ddp_layout) is None
 
 

@@ -24,6 +24,18 @@ sends timed by the link model fitted on the run's calibration
   kernels it launches; without that marker, the rank's ops of that kind before its first
   backward op), ``B`` its backward ops. The whole forward is counted, also what lies outside
   the checkpointed blocks (embeddings, the head): the cost errs high.
+- **gradient accumulation** over ``K`` micro-batches (the same batch per step, ``K`` forward
+  and backward passes of ``1/K`` of it, DDP's ``no_sync`` on all but the last): an op's time
+  is a fixed part and a part that scales with the batch, and takes ``fixed + rest / K`` a
+  micro-batch. On the CPU the fixed part is, in the forward pass, its time outside its ops (the
+  interpreter between them), and of every op what a view op takes on that rank
+  (``aten::as_strided``, ``aten::view``...: ops that do no work); on a GPU, the rank's shortest
+  kernel; all of autograd's ``AccumulateGrad`` (it adds a parameter-sized gradient whatever the
+  batch). The last micro-batch's backward pass is the one that all-reduces: its ops keep their
+  place with that time; the first ``K - 1`` micro-batches' forward and backward passes (with
+  autograd's time between backward ops) run before it, in the forward ops' place. Ops outside
+  the forward and backward passes (the loss, the optimizer) are kept as recorded: the loss's
+  share errs low.
 - **world size**: every collective as its algorithm runs over N ranks (per-rank work fixed),
   over the links of the hosts N ranks need at the recorded ranks per host.
 - **bandwidth scale**: every link that many times as fast. Where the calibration timed the
@@ -48,6 +60,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
@@ -66,6 +79,7 @@ __all__ = ["COMPRESSIONS", "Change", "Prediction", "predict"]
 
 ACCUMULATE_GRAD_EVENT = f"{BACKWARD_EVENT_PREFIX}: torch::autograd::AccumulateGrad"  # a gradient made ready
 DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
+VIEW_OPS = ("aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::alias")  # no work: an op's fixed cost
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
 
@@ -81,6 +95,7 @@ class Change:
     world_size: int | None = None
     ranks_per_host: int | None = None
     recompute_forward: bool | None = None
+    accumulate: int | None = None
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True) -> dict[str, Any]:
@@ -131,6 +146,8 @@ class Prediction:
                 details["compression"] = _compress(w, analysis, ddp, change.compress)
         if change.recompute_forward:
             details["recompute"] = _recompute_forward(w)
+        if change.accumulate is not None:
+            details["accumulation"] = _accumulate(w, analysis, change.accumulate)
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.bandwidth_scale is not None:
@@ -150,10 +167,13 @@ class Prediction:
         return cls(summary, replace(w.graph, edges=w.edges), result)
 
 
-def _recompute_forward(w: WhatIf) -> dict[str, dict[str, float]]:
-    """Stretch each rank's backward ops by its forward's share (see the module docstring);
-    per kind of op, ms of forward and backward, the mean over ranks, and the largest rank's forward."""
-    nodes = w.graph.nodes  # with the copies of a split bucket's all-reduce, if any
+def _phases(w: WhatIf) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
+    """Each rank's forward and backward ops of each kind, ``(rank, kind, forward, backward)``
+    masks over the graph's nodes, with the copies of a split bucket's all-reduce if any: the
+    backward ops are autograd's functions on the CPU (on a GPU, the kernels they launch); the
+    forward, DDP's ``DistributedDataParallel.forward`` (and the kernels it launches), or without
+    that marker the rank's ops of that kind before its first backward op."""
+    nodes = w.graph.nodes
     rank = nodes["rank"].to_numpy()
     kind = nodes["kind"].astype(str).to_numpy()
     start = nodes["offset_ns"].to_numpy(np.float64)
@@ -165,24 +185,92 @@ def _recompute_forward(w: WhatIf) -> dict[str, dict[str, float]]:
     backward_gpu, model_gpu = np.zeros(len(nodes), bool), np.zeros(len(nodes), bool)
     backward_gpu[dst[backward_cpu[src]]] = True
     model_gpu[dst[model_cpu[src]]] = True
-    seen: dict[str, list[tuple[float, float]]] = {}
+    found = []
     for r in np.unique(rank):
         for op_kind, backward, model in (("cpu", backward_cpu, model_cpu), ("gpu", backward_gpu, model_gpu)):
             mine = (rank == r) & (kind == op_kind)
             if not (mine & backward).any():
                 continue
             forward = mine & model
-            if not forward.any():  # no DDP forward marker: everything before the backward pass
+            if not forward.any():
                 forward = mine & ~backward & (start < start[mine & backward].min())
-            f, b = w.durations[forward].sum(), w.durations[mine & backward].sum()
-            if b <= 0:
-                continue
-            w.durations[mine & backward] *= 1 + f / b
-            seen.setdefault(op_kind, []).append((f / 1e6, b / 1e6))
-    if not seen:
-        raise DproError("the recorded step shows no backward pass to recompute the forward pass in")
+            found.append((int(r), op_kind, forward, mine & backward))
+    if not found:
+        raise DproError("the recorded step shows no backward pass")
+    return found
+
+
+def _recompute_forward(w: WhatIf) -> dict[str, dict[str, float]]:
+    """Stretch each rank's backward ops by its forward's share (see the module docstring);
+    per kind of op, ms of forward and backward, the mean over ranks, and the largest rank's forward."""
+    seen: dict[str, list[tuple[float, float]]] = {}
+    for _, op_kind, forward, backward in _phases(w):
+        f, b = w.durations[forward].sum(), w.durations[backward].sum()
+        if b <= 0:
+            continue
+        w.durations[backward] *= 1 + f / b
+        seen.setdefault(op_kind, []).append((f / 1e6, b / 1e6))
     return {k: {"forward_ms": float(np.mean([f for f, _ in v])), "backward_ms": float(np.mean([b for _, b in v])),
                 "largest_forward_ms": float(max(f for f, _ in v))} for k, v in seen.items()}
+
+
+def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int) -> dict[str, Any]:
+    """Gradient accumulation over ``micro_batches`` (see the module docstring): per kind of op,
+    the fixed share of the forward and backward ops' time (the mean over ranks) and the forward
+    and backward ms of one micro-batch."""
+    if micro_batches < 2:
+        raise DproError(f"gradient accumulation needs 2 micro-batches or more, not {micro_batches}")
+    fixed_only = (w.graph.nodes["name"] == ACCUMULATE_GRAD_EVENT).to_numpy()
+    seen: dict[str, list[tuple[float, float, float]]] = {}
+    for r, op_kind, forward, backward in _phases(w):
+        d = w.durations.copy()
+        if op_kind == "cpu":
+            f_share, b_share, b_gaps = _fixed_shares(analysis, r)
+            fixed = np.where(forward, f_share * d, b_share * d)
+        else:  # kernels: the rank's shortest take what a kernel takes whatever its work
+            fixed, b_gaps = np.minimum(d, np.percentile(d[forward | backward], 1)), 0.0
+        fixed[fixed_only] = d[fixed_only]
+        small = fixed + (d - fixed) / micro_batches
+        f_small, b_small = small[forward].sum(), small[backward].sum()
+        earlier = (micro_batches - 1) * (f_small + b_small + b_gaps * d[backward].sum())  # micro-batches before the last
+        w.durations[backward] = small[backward]
+        if f_small > 0:
+            w.durations[forward] = small[forward] * (1 + earlier / f_small)
+        share = fixed[forward | backward].sum() / max(d[forward | backward].sum(), 1)
+        seen.setdefault(op_kind, []).append((float(share), f_small / 1e6, b_small / 1e6))
+    return {"micro_batches": micro_batches,
+            **{k: {"fixed_share": float(np.mean([v[0] for v in rows])),
+                   "micro_batch_forward_ms": float(np.mean([v[1] for v in rows])),
+                   "micro_batch_backward_ms": float(np.mean([v[2] for v in rows]))} for k, rows in seen.items()}}
+
+
+def _fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, float, float]:
+    """What of ``rank``'s forward and backward CPU time does not scale with the batch, as
+    shares of each: the forward's time outside its ops (the interpreter between them), and of
+    every op, what an op that does no work takes (the median of the rank's view ops); and the
+    time between its backward ops (autograd's engine), as a share of the backward ops' time.
+    Over the trace's profiled steps."""
+    events = analysis.tables(rank).events
+    cpu = events[events["cat"] == "cpu_op"].sort_values(["tid", "start_ns", "dur_ns"], ascending=[True, True, False])
+    cpu = cpu.assign(end_ns=cpu["start_ns"] + cpu["dur_ns"])
+    reach = cpu.groupby("tid")["end_ns"].cummax().groupby(cpu["tid"]).shift(1)
+    top = (reach.isna() | (cpu["start_ns"] >= reach)).to_numpy()
+    owner = pd.Series(np.where(top, np.arange(len(cpu)), -1)).replace(-1, np.nan).ffill().to_numpy()
+    names = cpu["name"].astype(str)
+    per_op = float(cpu.loc[names.isin(VIEW_OPS).to_numpy(), "dur_ns"].median()) if names.isin(VIEW_OPS).any() else 0.0
+    outer = top & names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
+    b_total = float(cpu["dur_ns"].to_numpy()[outer].sum())
+    b_ops = int(np.isin(owner, np.flatnonzero(outer)).sum())
+    spans = cpu[outer].groupby("step").agg(first=("start_ns", "min"), last=("end_ns", "max"), busy=("dur_ns", "sum"))
+    b_gaps = float((spans["last"] - spans["first"] - spans["busy"]).clip(lower=0).sum())
+    f_total, f_fixed = 0.0, 0.0
+    for s0, d0, t in events.loc[events["name"] == DDP_FORWARD_EVENT, ["start_ns", "dur_ns", "tid"]].itertuples(index=False):
+        inside = ((cpu["tid"] == t) & (cpu["start_ns"] >= s0) & (cpu["end_ns"] <= s0 + d0)).to_numpy()
+        f_total += d0
+        f_fixed += d0 - float(cpu["dur_ns"].to_numpy()[inside & top].sum()) + per_op * int(inside.sum())
+    forward = min(max(f_fixed / f_total, 0.0), 1.0) if f_total > 0 else 0.0
+    backward = min(per_op * b_ops / b_total, 1.0) if b_total > 0 else 0.0
+    return forward, backward, b_gaps / b_total if b_total > 0 else 0.0
 
 
 def _interference(analysis: RunAnalysis) -> Interference | None:

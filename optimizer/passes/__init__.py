@@ -6,6 +6,7 @@ search combines them (one setting of each pass per strategy).
 
 from __future__ import annotations
 
+from dpro.optimizer.passes.accumulation import gradient_accumulation
 from dpro.optimizer.passes.base import Proposals
 from dpro.optimizer.passes.checkpointing import checkpointing
 from dpro.optimizer.passes.compression import compression
@@ -13,6 +14,7 @@ from dpro.optimizer.passes.memory import memory
 from dpro.optimizer.passes.tensor_fusion import first_bucket, tensor_fusion
 
 PASSES = {"tensor_fusion": tensor_fusion, "first_bucket": first_bucket, "compression": compression, "memory": memory,
-          "checkpointing": checkpointing}
+          "checkpointing": checkpointing, "gradient_accumulation": gradient_accumulation}
 
-__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "first_bucket", "memory", "tensor_fusion"]
+__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "first_bucket", "gradient_accumulation", "memory",
+           "tensor_fusion"]
