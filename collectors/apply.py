@@ -11,7 +11,9 @@
 - ``comm_hook`` (``fp16``, ``bf16``, ``powersgd`` with ``powersgd_rank``): registered on every
   ``DistributedDataParallel`` as its first forward pass begins, unless the script (or torch,
   for a fused optimizer) registered a hook already: DDP takes one, and the script's stays. A
-  hook DDP refuses (bf16 without CUDA and NCCL) is left out too; the job runs without it.
+  hook DDP refuses (bf16 without CUDA and NCCL) is left out too, as is PowerSGD on gloo with more
+  than one bucket (its callbacks issue all-reduces in an order the ranks do not share, and the
+  job fails); the job runs without it.
 - ``activation_checkpointing`` and ``gradient_accumulation`` need a change to the model's code
   or the training loop (the strategy's ``code``): they are left out, and said so.
 
@@ -136,6 +138,13 @@ class Applier:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         if name == "powersgd":
+            import torch.distributed as dist
+
+            if dist.get_backend(module.process_group) == "gloo" and _several_buckets(module):
+                self.left_out.append("comm_hook=powersgd (several buckets on gloo: DDP's PowerSGD hook issues its "
+                                     "all-reduces from gloo's callbacks in an order the ranks do not share, and the "
+                                     "job would fail)")
+                return
             rank = int(self.settings["powersgd_rank"])
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
                                                 start_powerSGD_iter=2)
@@ -145,6 +154,15 @@ class Applier:
             module.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
                                              "bf16": default_hooks.bf16_compress_hook}[name])
             self.applied.append(f"comm_hook={name}")
+
+
+def _several_buckets(module: Any) -> bool:
+    """Whether DDP's buckets, once rebuilt after the first step, will be more than one: the
+    gradients do not fit the first bucket's cap (the reducer holds one bucket until then)."""
+    config = getattr(module, "_bucket_config", None)
+    caps = list(getattr(config, "per_bucket_bytes_caps", ()))
+    first = caps[0] if caps else getattr(config, "first_bucket_bytes_cap", None) or 1024 * 1024
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad) > first
 
 
 def _default_bucket_cap_mb() -> float:

@@ -16,6 +16,9 @@ Each speed-up trick can be switched off (:class:`Tricks`) to measure what it sav
 critical-path guidance, and the cost model's incremental re-replay (a prediction's replays
 after the first recompute only the ops at or after the first changed one).
 
+A strategy that would fail the job is left out, and the notes say why (DDP's PowerSGD hook on
+gloo with more than one bucket: :func:`dpro.optimizer.passes.compression.fails_the_job`).
+
 With a memory budget, a strategy whose memory estimate (:mod:`dpro.optimizer.memory`) exceeds
 it on any rank is not predicted and not proposed (the recorded configuration is still
 predicted: the cost model's ratio to its replay anchors every prediction).
@@ -41,6 +44,7 @@ from dpro.errors import DproError
 
 from dpro.optimizer.memory import strategy_memory_bytes
 from dpro.optimizer.passes import PASSES
+from dpro.optimizer.passes.compression import fails_the_job
 from dpro.optimizer.strategy import Strategy
 
 __all__ = ["Evaluated", "SearchResult", "Tricks", "search"]
@@ -86,6 +90,7 @@ class SearchResult:
     memory_budget_bytes: float | None = None
     over_memory_budget: int = 0  # strategies left out by the memory budget
     tricks: Tricks = Tricks()
+    would_fail: int = 0  # strategies left out because they would fail the job (see the notes)
 
 
 def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, seed: int = 0,
@@ -122,6 +127,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     space = math.prod(len(options) + 1 for _, options in axes)
     cache: dict[tuple[int, ...], Evaluated | None] = {}
     over_budget: set[tuple[int, ...]] = set()
+    failing: dict[str, int] = {}  # why a strategy would fail the job: strategies left out for it
     predictions: dict[Change, dict[str, Any] | None] = {}  # one per change the cost model sees
     clock = _Budget(started, budget_s)
 
@@ -140,7 +146,11 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                 cache[state] = None
             else:
                 prediction = clock.timed(lambda: predicted(strategy))
-                cache[state] = None if prediction is None else \
+                why = None if prediction is None else fails_the_job(
+                    analysis, strategy.settings, len(prediction.get("buckets_bytes") or (layout or {}).get("buckets", ())))
+                if why:
+                    failing[why] = failing.get(why, 0) + 1
+                cache[state] = None if prediction is None or why else \
                     Evaluated(strategy, prediction["predicted_step_ms"], prediction, needs)
         return cache.get(state)
 
@@ -157,6 +167,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
         _anneal(evaluate, axes, start, recorded.predicted_step_ms, clock, cache.__contains__,
                 lambda: len(cache) >= space, random.Random(seed))
     found = [e for e in cache.values() if e is not None]
+    notes += [f"{count} strategies left out: {why}" for why, count in failing.items()]
     if budget_bytes is not None:
         if recorded.memory_bytes is not None and recorded.memory_bytes > budget_bytes:
             notes.append(f"the recorded configuration needs {recorded.memory_bytes / 1e9:.3g} GB, over the "
@@ -179,7 +190,8 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     # equal predictions (a bucket cap that changes nothing): the strategy with fewer changes first
     found.sort(key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
     return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space, len(cache),
-                        time.monotonic() - started, len(cache) == space, exposed_ms, budget_bytes, len(over_budget), tricks)
+                        time.monotonic() - started, len(cache) == space, exposed_ms, budget_bytes, len(over_budget), tricks,
+                        sum(failing.values()))
 
 
 def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...]) -> Strategy:

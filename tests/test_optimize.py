@@ -131,7 +131,7 @@ def test_the_memory_pass_proposes_gradients_as_bucket_views_unless_the_job_has_t
 
 def test_the_search_covers_a_small_space_and_ranks_every_strategy(analysis: RunAnalysis) -> None:
     result = search(analysis, budget_s=120)
-    assert result.exhaustive and len(result.evaluated) == result.space
+    assert result.exhaustive and len(result.evaluated) + result.would_fail == result.space
     times = [round(e.predicted_step_ms, 2) for e in result.evaluated]
     assert times == sorted(times)
     names = [e.strategy.name for e in result.evaluated]
@@ -310,6 +310,19 @@ def test_a_hook_ddp_refuses_is_left_out_and_the_job_runs(tmp_path: Path) -> None
     assert meta["ddp"][0]["comm_hook"] is None and meta["applied"]["applied"] == [], "the job ran without"
     assert meta["applied"]["left_out"][0].startswith("comm_hook=bf16: TypeError: BF16")
     assert "left out comm_hook=bf16" in stderr
+
+
+def test_powersgd_on_gloo_with_several_buckets_is_neither_applied_nor_proposed(tmp_path: Path,
+                                                                               analysis: RunAnalysis) -> None:
+    run, stderr = _record_applying(tmp_path, {"comm_hook": "powersgd", "powersgd_rank": 1}, "--bucket-cap-mb", "0.05")
+    meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
+    assert meta["ddp"][0]["comm_hook"] is None and len(meta["ddp"][0]["buckets"]) > 1, "the job ran without it"
+    assert "several buckets on gloo" in meta["applied"]["left_out"][0]
+    result = search(analysis, budget_s=120)  # the recorded job: 0.05 MB buckets, gloo
+    for e in result.evaluated:
+        if e.strategy.settings.get("comm_hook") == "powersgd":
+            assert len(e.prediction.get("buckets_bytes") or analysis.ddp_layout["buckets"]) == 1, e.strategy.name
+    assert any("PowerSGD hook on gloo with more than one bucket" in n for n in result.notes), result.notes
 
 
 def test_every_node_of_a_run_applies_the_same_strategy(tmp_path: Path) -> None:

@@ -11,6 +11,18 @@ from dpro.analysis.run import RunAnalysis
 from dpro.optimizer.passes.base import Proposals
 
 POWERSGD_RANKS = (1, 2, 4)
+GLOO_POWERSGD = ("DDP's PowerSGD hook on gloo with more than one bucket fails the job: the hook issues its "
+                 "all-reduces from gloo's callbacks, in an order the ranks do not share (collective size mismatch "
+                 "or a hang, torch 2.13)")
+
+
+def fails_the_job(analysis: RunAnalysis, settings: dict, buckets: int) -> str | None:
+    """Why ``settings`` would make the recorded job fail with ``buckets`` buckets, or None:
+    :data:`GLOO_POWERSGD`."""
+    backend = analysis.metas[min(analysis.ranks)].get("backend")
+    if settings.get("comm_hook") == "powersgd" and backend == "gloo" and buckets > 1:
+        return GLOO_POWERSGD
+    return None
 
 
 def compression(analysis: RunAnalysis) -> Proposals:
