@@ -367,9 +367,12 @@ def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]]) -> dict[str
     the main thread computes (the largest one calibrated under :data:`SLOW_CALL_S`, so that the
     spans fill it)."""
     sizes = [r["bytes"] for r in rows if r["coll"] == "all_reduce" and max(r["times_ns"]) < SLOW_CALL_S * 1e9]
-    if not sizes:
+    # every rank must run the same all-reduces: the largest size fast enough on every rank
+    agreed = torch.tensor([float(max(sizes, default=0))])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    nbytes = int(agreed.item())
+    if not nbytes:
         return {}
-    nbytes = max(sizes)
     work = _known_work(torch)
     work()
     compute_alone = _span_ns(work, clock=time.perf_counter_ns)

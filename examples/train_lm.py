@@ -160,8 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="profile with a bare torch.profiler (skip 10, warm-up 2, 5 steps) into DIR")
     p.add_argument("--profiler-window", default="10,2,5", help="skip,warmup,steps for --torch-profiler")
     args = p.parse_args(argv)
-    if not 1 <= args.accumulate <= args.batch_size:
-        p.error(f"--accumulate must be between 1 and the batch size {args.batch_size}")
+    if args.accumulate < 1 or args.batch_size % args.accumulate:
+        p.error(f"--accumulate must divide the batch size {args.batch_size} (equal micro-batches, the same mean loss)")
     return args
 
 

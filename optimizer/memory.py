@@ -11,7 +11,8 @@ with what the strategy's settings change.
   activations while the backward pass recomputes it. Approximate: a model's activations are
   not all inside its blocks, nor spread evenly over them.
 - ``gradient_accumulation`` over ``K`` micro-batches: what the step adds (taken as
-  activations) divided by ``K`` (after checkpointing's share, with both).
+  activations) divided by ``K`` (after checkpointing's share, with both). Optimistic: what the
+  step adds also holds temporaries and the optimizer's, which do not shrink with ``K``.
 - the bucket cap: the buckets hold the same gradients, cut differently; no change.
 """
 

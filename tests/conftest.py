@@ -44,13 +44,13 @@ def recorded_run(tmp_path_factory) -> Path:
     return run
 
 
-CHROMEDRIVER = "/usr/bin/chromedriver"  # Debian's chromium-driver (make setup installs it)
 
 
 @pytest.fixture(scope="session")
 def browser():
     """A real headless Chromium driven by Selenium, with the browser console's messages kept."""
     import os
+    import shutil
 
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -60,6 +60,8 @@ def browser():
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    chromedriver = shutil.which("chromedriver")  # Debian's chromium-driver: make setup installs it
+    assert chromedriver, "no chromedriver on PATH: install chromium and chromium-driver (make setup does, as root)"
+    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
     yield driver
     driver.quit()

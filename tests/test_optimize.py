@@ -170,7 +170,7 @@ def test_the_html_report_draws_in_a_real_browser(analysis: RunAnalysis, tmp_path
     browser.get_log("browser")  # what earlier pages said
     browser.get((tmp_path / "report.html").as_uri())
     WebDriverWait(browser, 30).until(lambda b: b.execute_script(
-        "return document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2"))
+        "return Array.from(document.querySelectorAll('.js-plotly-plot')).filter(gd => gd._fullLayout).length == 2"))
     figures = browser.execute_script("""return Array.from(document.querySelectorAll('.js-plotly-plot')).map(
         gd => ({names: gd.data.map(t => t.name), bars: gd.querySelectorAll('.bars .point').length,
                 titles: Array.from(gd.querySelectorAll('.annotation-text')).map(a => a.textContent)}))""")

@@ -30,7 +30,7 @@ sends timed by the link model fitted on the run's calibration
   micro-batch. On the CPU the fixed part is, in the forward pass, its time outside its ops (the
   interpreter between them), and of every op what a view op takes on that rank
   (``aten::as_strided``, ``aten::view``...: ops that do no work); on a GPU, the rank's shortest
-  kernel; all of autograd's ``AccumulateGrad`` (it adds a parameter-sized gradient whatever the
+  kernels' time (the 1st percentile); all of autograd's ``AccumulateGrad`` (it adds a parameter-sized gradient whatever the
   batch). The last micro-batch's backward pass is the one that all-reduces: its ops keep their
   place with that time; the first ``K - 1`` micro-batches' forward and backward passes (with
   autograd's time between backward ops) run before it, in the forward ops' place. Ops outside
@@ -227,8 +227,9 @@ def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int) -> dict[st
         if op_kind == "cpu":
             f_share, b_share, b_gaps = _fixed_shares(analysis, r)
             fixed = np.where(forward, f_share * d, b_share * d)
-        else:  # kernels: the rank's shortest take what a kernel takes whatever its work
-            fixed, b_gaps = np.minimum(d, np.percentile(d[forward | backward], 1)), 0.0
+        else:  # kernels: the rank's shortest (1st percentile) take what a kernel takes whatever its work
+            timed = d[(forward | backward) & (d > 0)]
+            fixed, b_gaps = np.minimum(d, np.percentile(timed, 1) if len(timed) else 0.0), 0.0
         fixed[fixed_only] = d[fixed_only]
         small = fixed + (d - fixed) / micro_batches
         f_small, b_small = small[forward].sum(), small[backward].sum()
@@ -253,18 +254,19 @@ def _fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, float, float
     events = analysis.tables(rank).events
     cpu = events[events["cat"] == "cpu_op"].sort_values(["tid", "start_ns", "dur_ns"], ascending=[True, True, False])
     cpu = cpu.assign(end_ns=cpu["start_ns"] + cpu["dur_ns"])
-    reach = cpu.groupby("tid")["end_ns"].cummax().groupby(cpu["tid"]).shift(1)
-    top = (reach.isna() | (cpu["start_ns"] >= reach)).to_numpy()
+    reach = cpu.groupby("tid")["end_ns"].cummax().groupby(cpu["tid"]).shift(1, fill_value=np.iinfo(np.int64).min)
+    top = (cpu["start_ns"] >= reach).to_numpy()
     owner = pd.Series(np.where(top, np.arange(len(cpu)), -1)).replace(-1, np.nan).ffill().to_numpy()
     names = cpu["name"].astype(str)
     per_op = float(cpu.loc[names.isin(VIEW_OPS).to_numpy(), "dur_ns"].median()) if names.isin(VIEW_OPS).any() else 0.0
     outer = top & names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
     b_total = float(cpu["dur_ns"].to_numpy()[outer].sum())
     b_ops = int(np.isin(owner, np.flatnonzero(outer)).sum())
-    spans = cpu[outer].groupby("step").agg(first=("start_ns", "min"), last=("end_ns", "max"), busy=("dur_ns", "sum"))
+    spans = cpu[outer & (cpu["step"] >= 0).to_numpy()].groupby("step").agg(first=("start_ns", "min"), last=("end_ns", "max"), busy=("dur_ns", "sum"))
     b_gaps = float((spans["last"] - spans["first"] - spans["busy"]).clip(lower=0).sum())
     f_total, f_fixed = 0.0, 0.0
-    for s0, d0, t in events.loc[events["name"] == DDP_FORWARD_EVENT, ["start_ns", "dur_ns", "tid"]].itertuples(index=False):
+    marks = (events["name"] == DDP_FORWARD_EVENT) & (events["cat"] == "user_annotation")  # not the GPU's copy
+    for s0, d0, t in events.loc[marks, ["start_ns", "dur_ns", "tid"]].itertuples(index=False):
         inside = ((cpu["tid"] == t) & (cpu["start_ns"] >= s0) & (cpu["end_ns"] <= s0 + d0)).to_numpy()
         f_total += d0
         f_fixed += d0 - float(cpu["dur_ns"].to_numpy()[inside & top].sum()) + per_op * int(inside.sum())
