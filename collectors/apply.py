@@ -30,6 +30,8 @@ import os
 import weakref
 from typing import Any, Callable
 
+from dpro.collectors.metadata import first_bucket_cap
+
 ENV_APPLY = "DPRO_APPLY"
 CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view")  # DistributedDataParallel's arguments
 
@@ -159,10 +161,7 @@ class Applier:
 def _several_buckets(module: Any) -> bool:
     """Whether DDP's buckets, once rebuilt after the first step, will be more than one: the
     gradients do not fit the first bucket's cap (the reducer holds one bucket until then)."""
-    config = getattr(module, "_bucket_config", None)
-    caps = list(getattr(config, "per_bucket_bytes_caps", ()))
-    first = caps[0] if caps else getattr(config, "first_bucket_bytes_cap", None) or 1024 * 1024
-    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad) > first
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad) > first_bucket_cap(module)
 
 
 def _default_bucket_cap_mb() -> float:

@@ -103,11 +103,9 @@ def ddp_layout(ddp: Any) -> dict[str, Any]:
                        for p in bucket.parameters()],
         })
     logging = ddp._get_ddp_logging_data()
-    config = getattr(ddp, "_bucket_config", None)  # recent torch; older releases always capped the first at 1 MiB
-    per_bucket = list(getattr(config, "per_bucket_bytes_caps", ()))  # bucket_cap_mb_list: the first, the others
-    first = per_bucket[0] if per_bucket else getattr(config, "first_bucket_bytes_cap", None)
+    per_bucket = per_bucket_caps(ddp)
     return {"module": type(ddp.module).__name__, "bucket_cap_bytes": per_bucket[-1] if per_bucket else ddp.bucket_bytes_cap,
-            "first_bucket_bytes_cap": first if first is not None else 1024 * 1024,
+            "first_bucket_bytes_cap": first_bucket_cap(ddp),
             "bucket_cap_bytes_list": per_bucket,
             "find_unused_parameters": ddp.find_unused_parameters,
             "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
@@ -115,6 +113,19 @@ def ddp_layout(ddp: Any) -> dict[str, Any]:
             "has_rebuilt_buckets": bool(logging.get("has_rebuilt_buckets", 0)),
             "comm_hook": logging.get("comm_hook") or None,
             "buckets": buckets}
+
+
+def per_bucket_caps(ddp: Any) -> list[int]:
+    """The bytes caps of ``bucket_cap_mb_list`` (the first bucket's, the others'); empty without it."""
+    return list(getattr(getattr(ddp, "_bucket_config", None), "per_bucket_bytes_caps", ()))
+
+
+def first_bucket_cap(ddp: Any) -> int:
+    """The bytes cap of DDP's first bucket (recent torch keeps it in ``_bucket_config``; older
+    releases always capped it at 1 MiB)."""
+    per_bucket = per_bucket_caps(ddp)
+    first = per_bucket[0] if per_bucket else getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", None)
+    return first if first is not None else 1024 * 1024
 
 
 def memory(ddp_modules: list[Any], optimizers: list[Any]) -> dict[str, int]:

@@ -39,15 +39,15 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
 
 
 def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:
-    total = m.peak_bytes
+    added = m.added_bytes or 0
     blocks = settings.get("activation_checkpointing")
-    if blocks and m.added_bytes:
+    if blocks:
         count = block_lists(layout).get(blocks, (1, 0))[0]
-        total -= round(m.added_bytes * (1 - min(1.0, 2 / count)))
+        added -= round(added * (1 - min(1.0, 2 / count)))
     micro_batches = settings.get("gradient_accumulation")
-    if micro_batches and m.added_bytes:
-        added = m.added_bytes - (m.peak_bytes - total)  # what checkpointing left of it
-        total -= round(added * (1 - 1 / micro_batches))
+    if micro_batches:
+        added -= round(added * (1 - 1 / micro_batches))
+    total = m.held_bytes + added
     if settings.get("gradient_as_bucket_view") and not m.gradient_as_bucket_view:
         total -= m.buckets_bytes
     buckets = [int(b["bytes"]) for b in layout.get("buckets", [])]

@@ -56,6 +56,7 @@ The unanchored replay is reported beside it.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -245,7 +246,19 @@ def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int) -> dict[st
                    "micro_batch_backward_ms": float(np.mean([v[2] for v in rows]))} for k, rows in seen.items()}}
 
 
+_FIXED_SHARES: "weakref.WeakKeyDictionary[RunAnalysis, dict[int, tuple[float, float, float]]]" = \
+    weakref.WeakKeyDictionary()  # per run: they depend on its traces only, and a search asks for them often
+
+
 def _fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, float, float]:
+    """:func:`_measured_fixed_shares`, measured once per run and rank."""
+    known = _FIXED_SHARES.setdefault(analysis, {})
+    if rank not in known:
+        known[rank] = _measured_fixed_shares(analysis, rank)
+    return known[rank]
+
+
+def _measured_fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, float, float]:
     """What of ``rank``'s forward and backward CPU time does not scale with the batch, as
     shares of each: the forward's time outside its ops (the interpreter between them), and of
     every op, what an op that does no work takes (the median of the rank's view ops); and the
