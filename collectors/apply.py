@@ -14,8 +14,9 @@
   hook DDP refuses (bf16 without CUDA and NCCL) is left out too, as is PowerSGD on gloo with more
   than one bucket (its callbacks issue all-reduces in an order the ranks do not share, and the
   job fails); the job runs without it.
-- ``activation_checkpointing`` and ``gradient_accumulation`` need a change to the model's code
-  or the training loop (the strategy's ``code``): they are left out, and said so.
+- ``activation_checkpointing``, ``gradient_accumulation`` and ``torch_compile`` need a change
+  to the model's code or the training loop (the strategy's ``code``): they are left out, and
+  said so.
 
 What was applied and what was left out goes to the rank's ``meta.json`` (``applied``). A
 failure here is logged and the job goes on as the script wrote it.
@@ -57,6 +58,8 @@ class Applier:
         if self.settings.get("gradient_accumulation"):
             self.left_out.append(f"gradient_accumulation={self.settings['gradient_accumulation']} "
                                  "(a change to the training loop: see the strategy's code)")
+        if self.settings.get("torch_compile"):
+            self.left_out.append("torch_compile=true (the DDP module compiled in the script: see the strategy's code)")
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # the modules whose hook was decided
 
     def report(self) -> dict[str, Any]:

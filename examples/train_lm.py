@@ -10,6 +10,8 @@ it, with noise), generated from a seed, so the job needs no download and its los
 bag of one-hot tokens, the CNN on the sequence as a 1-D signal), predicting the next token; the
 replay benchmark uses them for variety: the MLP is dominated by few large gradients, the CNN by
 many small ones.
+``--accumulate K`` and ``--compile`` are two of ``dpro optimize``'s strategies written in
+(gradient accumulation; the DDP module compiled with ``torch.compile``).
 ``--step-times`` and ``--torch-profiler`` exist for dpro's overhead benchmark: the first writes
 each step's end time (the moment its optimizer step returned), the second profiles the same steps
 as ``dpro record`` would, with a bare torch.profiler.
@@ -149,6 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="gradient accumulation: each step's batch in K micro-batches, DDP's no_sync on all but the last")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the DDP module with torch.compile (TorchInductor fuses its ops)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--comm-hook", metavar="fp16|bf16|powersgd:RANK",
                    help="compress gradients with DDP's fp16, bf16 or PowerSGD communication hook")
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                                   bucket_cap_mb=args.bucket_cap_mb)
     if args.comm_hook:
         register_comm_hook(ddp, args.comm_hook)
+    forward = torch.compile(ddp) if args.compile else ddp  # after DDP wraps the model: DDP's optimizer splits the graph
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
 
@@ -237,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         micro_batches = batch.chunk(args.accumulate)
         for i, micro in enumerate(micro_batches):
             with ddp.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
-                logits = ddp(micro[:, :-1])
+                logits = forward(micro[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, args.vocab), micro[:, 1:].reshape(-1))
                 if rank == args.slow_rank and i == 0:
                     busy_compute(args.slow_ms, device)

@@ -3,7 +3,9 @@
 1. **Critical-path guidance.** The recorded step is replayed and its critical path split
    (:func:`dpro.replayer.breakdown.breakdown`): where communication is exposed on it for less
    than :data:`MIN_EXPOSED_COMM` of the step, no change to communication can pay off and its
-   passes are left out (and the report says so).
+   passes are left out; where compute (and launch-bound time) on it is under
+   :data:`MIN_CRITICAL_COMPUTE` of the step, operator fusion is left out likewise (fusing ops
+   off the critical path cannot shorten the step). The report says so.
 2. **Single changes** first: each proposal of each pass alone.
 3. **Combinations** by simulated annealing: a state takes one option of each pass (or none); a
    move changes one pass's option at random, and is taken when it predicts a faster step, or a
@@ -50,7 +52,9 @@ from dpro.optimizer.strategy import Strategy
 __all__ = ["Evaluated", "SearchResult", "Tricks", "search"]
 
 MIN_EXPOSED_COMM = 0.02
+MIN_CRITICAL_COMPUTE = 0.02
 COMMUNICATION_PASSES = frozenset({"tensor_fusion", "first_bucket", "compression"})
+COMPUTE_PASSES = frozenset({"operator_fusion"})
 START_TEMPERATURE = 0.05
 COOLING = 0.9
 
@@ -112,11 +116,16 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                         "(record more steps than --skip + --warmup + --steps)")
     path = critical_path_breakdown(analysis)
     exposed_ms, step_ms = path["communication"], path["span"]
+    compute_ms = path["compute"] + path["launch_bound"]
     notes, axes = [], []
     for name, propose in PASSES.items():
         if tricks.guidance and name in COMMUNICATION_PASSES and exposed_ms < MIN_EXPOSED_COMM * step_ms:
             notes.append(f"{name}: left out, communication is exposed for {exposed_ms:.1f} ms of the "
                          f"{step_ms:.1f} ms step on the critical path (compute-bound)")
+            continue
+        if tricks.guidance and name in COMPUTE_PASSES and compute_ms < MIN_CRITICAL_COMPUTE * step_ms:
+            notes.append(f"{name}: left out, the critical path of the {step_ms:.1f} ms step holds {compute_ms:.1f} ms "
+                         "of compute")
             continue
         proposals = propose(analysis)
         options = [s for s in proposals.settings if not (exact_only and Strategy(s).lossy)]

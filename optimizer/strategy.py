@@ -22,6 +22,10 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   the summed gradients a step). The same batch, the same numbers (the loss divided by ``K``),
   except for a model whose layers mix the samples of a batch (BatchNorm's statistics). A change
   to the training loop ``--apply`` cannot make.
+- ``torch_compile``: ``True`` compiles the DDP module with ``torch.compile`` (TorchInductor
+  fuses its ops; DDP's optimizer splits the graph at the buckets so that the all-reduces still
+  overlap the backward pass). Exact up to float rounding (fused ops round once); a code change
+  ``--apply`` cannot make (the module must be compiled after DDP wraps it).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
-            "activation_checkpointing", "gradient_accumulation")
+            "activation_checkpointing", "gradient_accumulation", "torch_compile")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -75,6 +79,8 @@ class Strategy:
             parts.append(f"checkpoint-{self.settings['activation_checkpointing']}")
         if self.settings.get("gradient_accumulation"):
             parts.append(f"accumulate-{self.settings['gradient_accumulation']}")
+        if self.settings.get("torch_compile"):
+            parts.append("torch-compile")
         return "+".join(parts) or "as-recorded"
 
     @property
@@ -89,7 +95,8 @@ class Strategy:
         return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"),
                       first_bucket_mb=self.settings.get("first_bucket_mb"), compress=compress,
                       recompute_forward=bool(self.settings.get("activation_checkpointing")) or None,
-                      accumulate=self.settings.get("gradient_accumulation"))
+                      accumulate=self.settings.get("gradient_accumulation"),
+                      fuse_ops=self.settings.get("torch_compile"))
 
     def code(self) -> list[str]:
         """The code change that makes the job run this strategy, one line each."""
@@ -105,6 +112,8 @@ class Strategy:
             arguments.append("gradient_as_bucket_view=True")
         if arguments:
             lines.append(f"model = DistributedDataParallel(module, ..., {', '.join(arguments)})")
+        if self.settings.get("torch_compile"):
+            lines.append("model = torch.compile(model)  # the DistributedDataParallel module, after DDP wraps it")
         if "first_bucket_mb" in self.settings and "bucket_cap_mb" not in self.settings:
             lines.append(f"# bucket_cap_mb_list's second cap: your bucket_cap_mb if you give one ({DEFAULT_BUCKET_CAP_MB} is DDP's default)")
         hook = self.settings.get("comm_hook")
@@ -156,9 +165,9 @@ def validate(settings: dict[str, Any]) -> None:
     k = settings.get("gradient_accumulation")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 2):
         raise StrategyError(f"gradient_accumulation must be a number of micro-batches of 2 or more, not {k!r}")
-    view = settings.get("gradient_as_bucket_view")
-    if view is not None and view is not True:
-        raise StrategyError(f"gradient_as_bucket_view can only be true (DDP's default is false), not {view!r}")
+    for name in ("gradient_as_bucket_view", "torch_compile"):
+        if settings.get(name) not in (None, True):
+            raise StrategyError(f"{name} can only be true (the default is false), not {settings[name]!r}")
 
 
 def read_strategy(path: str | os.PathLike) -> Strategy:

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from dpro.analysis import RunAnalysis
@@ -16,7 +18,10 @@ from dpro.analysis.whatif import Change, Prediction, predict
 from dpro.errors import DproError
 from dpro.graph.kineto.memory import memory_peaks
 from dpro.optimizer.memory import strategy_memory_bytes
-from dpro.optimizer.passes import checkpointing, compression, first_bucket, gradient_accumulation, memory, tensor_fusion
+from dpro.analysis.fusion import fused_kernel_durations, fused_shares, heavy_kernel, heavy_op
+from dpro.graph.kineto import load_trace
+from dpro.optimizer.passes import (checkpointing, compression, first_bucket, gradient_accumulation, memory,
+                                   operator_fusion, tensor_fusion)
 from dpro.optimizer.passes.checkpointing import block_lists
 from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
@@ -54,6 +59,9 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     assert accumulate.name == "checkpoint-blocks+accumulate-4" and not accumulate.lossy
     assert accumulate.change().accumulate == 4 and accumulate.change().recompute_forward
     assert "micro_batches = batch.chunk(4)" in accumulate.code() and any("no_sync()" in line for line in accumulate.code())
+    compiled = Strategy({"torch_compile": True, "bucket_cap_mb": 5})
+    assert compiled.name == "bucket-cap-5mb+torch-compile" and not compiled.lossy and compiled.change().fuse_ops
+    assert compiled.code()[1].startswith("model = torch.compile(model)")
 
 
 @pytest.mark.parametrize("settings, fragment", [
@@ -68,6 +76,7 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     ({"activation_checkpointing": "blocks[0]"}, "list of the model's blocks"),
     ({"gradient_accumulation": 1}, "gradient_accumulation must be a number of micro-batches of 2 or more"),
     ({"gradient_accumulation": True}, "gradient_accumulation must be"),
+    ({"torch_compile": "max-autotune"}, "torch_compile can only be true"),
 ])
 def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
     with pytest.raises(StrategyError, match=fragment):
@@ -297,13 +306,16 @@ def _issuer_start(graph, occurrence: int) -> float:
 
 def test_the_scripts_own_hook_stays_and_a_code_change_is_left_out(tmp_path: Path) -> None:
     run, stderr = _record_applying(tmp_path, {"bucket_cap_mb": 1, "comm_hook": "fp16", "activation_checkpointing": "blocks",
-                                              "gradient_accumulation": 2}, "--comm-hook", "powersgd:1")
+                                              "gradient_accumulation": 2, "torch_compile": True},
+                                   "--comm-hook", "powersgd:1")
     meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
     assert meta["ddp"][0]["comm_hook"] == "powerSGD_hook", "DDP takes one hook: the script's"
     assert meta["applied"]["applied"] == ["bucket_cap_mb=1 (the script's 25)"]
     checkpointing_ = "activation_checkpointing=blocks (a change to the model's code: see the strategy's code)"
     accumulation = "gradient_accumulation=2 (a change to the training loop: see the strategy's code)"
-    assert meta["applied"]["left_out"] == [checkpointing_, accumulation, "comm_hook=fp16 (the script registered powerSGD_hook)"]
+    compiled = "torch_compile=true (the DDP module compiled in the script: see the strategy's code)"
+    assert meta["applied"]["left_out"] == [checkpointing_, accumulation, compiled,
+                                           "comm_hook=fp16 (the script registered powerSGD_hook)"]
     assert "left out comm_hook=fp16 (the script registered powerSGD_hook)" in stderr
     assert f"left out {checkpointing_}" in stderr
 
@@ -417,6 +429,45 @@ def test_gradient_accumulation_pays_each_ops_fixed_cost_per_micro_batch(analysis
     assert as_recorded["unanchored_step_ms"] < steps[2]["unanchored_step_ms"] < steps[4]["unanchored_step_ms"]
     with pytest.raises(DproError, match="2 micro-batches or more"):
         predict(analysis, Change(accumulate=1))
+
+
+def test_operator_fusion_keeps_the_heavy_ops_and_fuses_the_chains_between_them(analysis: RunAnalysis) -> None:
+    assert operator_fusion(analysis).settings == [{"torch_compile": True}]
+    for r in analysis.ranks:
+        shares = fused_shares(analysis, r)
+        assert shares.chains > 0 and shares.ops > shares.chains
+        assert 0 < shares.forward < 1 and 0 < shares.backward < 1
+    as_recorded = Prediction.of(analysis, Change(), interference=False)
+    fused = Prediction.of(analysis, Change(fuse_ops=True), interference=False)
+    cpu = fused.summary["fusion"]["cpu"]
+    assert 0 < cpu["forward_share"] < 1 and 0 < cpu["backward_share"] < 1
+    # the step shortens, by at most the time fusion took off the ops of the rank it took most from
+    taken = pd.Series(as_recorded.graph.nodes["dur_ns"].to_numpy() - (fused.replay.end_ns - fused.replay.start_ns))
+    most = taken.groupby(as_recorded.graph.nodes["rank"].to_numpy()).sum().max() / 1e6
+    gain = as_recorded.summary["unanchored_step_ms"] - fused.summary["unanchored_step_ms"]
+    assert 0 < gain <= most * 1.01
+
+
+def test_matrix_products_and_library_kernels_stay_and_the_rest_fuses() -> None:
+    assert heavy_op("aten::addmm") and heavy_op("aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+    assert heavy_op("aten::mkldnn_convolution") and heavy_op("aten::convolution_backward")
+    assert not heavy_op("aten::gelu") and not heavy_op("aten::native_layer_norm") and not heavy_op("aten::linear")
+    events = load_trace(DATA / "gpu" / "a100-2rank-ddp-rank0.json.gz", cache=False).events  # a public A100 trace
+    kernels = events[events["cat"] == "kernel"].reset_index(drop=True)
+    names = kernels["name"].astype(str).to_numpy()
+    heavy = np.array([heavy_kernel(n) for n in names])
+    assert heavy[np.char.find(names.astype(str), "gemm") >= 0].all()
+    assert not heavy[np.char.find(names.astype(str), "elementwise") >= 0].any()
+    dur = kernels["dur_ns"].to_numpy(np.float64)
+    fused = fused_kernel_durations(names, kernels["stream"].to_numpy(), kernels["start_ns"].to_numpy(np.float64), dur,
+                                   np.ones(len(names), bool))
+    assert (fused[heavy] == dur[heavy]).all() and (fused <= dur + 1e-6).all()
+    assert fused.sum() < dur.sum()
+    # a run of fusable kernels on one stream takes its longest kernel's time
+    toy = fused_kernel_durations(np.array(["elementwise", "reduce", "gemm", "elementwise", "elementwise"]),
+                                 np.array([1, 1, 1, 1, 2]), np.arange(5.0), np.array([3.0, 1.0, 9.0, 2.0, 2.0]),
+                                 np.ones(5, bool))
+    assert toy.tolist() == [2.25, 0.75, 9.0, 2.0, 2.0]
 
 
 def test_the_example_accumulates_gradients_with_one_all_reduce_a_step(tmp_path: Path) -> None:

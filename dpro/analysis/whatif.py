@@ -17,6 +17,11 @@ sends timed by the link model fitted on the run's calibration
   the recorded bucket it ends in.
 - **compression** (``fp16``, ``bf16``): DDP's hook halves each bucket's bytes and adds its
   compute (the cast and the copy back, timed in calibration).
+- **operator fusion** (``torch.compile``): each rank's forward and backward ops take what
+  TorchInductor's fused kernels would leave of them (:mod:`dpro.analysis.fusion`): on the CPU,
+  the forward (DDP's ``DistributedDataParallel.forward``; without that marker it is kept) and
+  the backward ops (but ``AccumulateGrad``) scaled by the shares measured on the rank's leaf
+  ops; on a GPU, each run of fusable kernels shrunk to its longest kernel.
 - **recompute forward** (activation checkpointing): the backward pass runs the forward pass
   again, segment by segment. Each rank's backward ops (autograd's functions on the CPU; on a
   GPU, the kernels they launch) take longer by the forward's share, ``× (1 + F / B)``: ``F``
@@ -74,13 +79,12 @@ from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
+from dpro.analysis.cpu_ops import ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu_ops, forward_marks, top_level, view_op_ns
+from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["COMPRESSIONS", "Change", "Prediction", "predict"]
 
-ACCUMULATE_GRAD_EVENT = f"{BACKWARD_EVENT_PREFIX}: torch::autograd::AccumulateGrad"  # a gradient made ready
-DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
-VIEW_OPS = ("aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::alias")  # no work: an op's fixed cost
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
 
@@ -97,6 +101,7 @@ class Change:
     ranks_per_host: int | None = None
     recompute_forward: bool | None = None
     accumulate: int | None = None
+    fuse_ops: bool | None = None
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True) -> dict[str, Any]:
@@ -145,6 +150,8 @@ class Prediction:
                 details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
             elif change.compress is not None:
                 details["compression"] = _compress(w, analysis, ddp, change.compress)
+        if change.fuse_ops:
+            details["fusion"] = _fuse_ops(w, analysis)
         if change.recompute_forward:
             details["recompute"] = _recompute_forward(w)
         if change.accumulate is not None:
@@ -215,6 +222,29 @@ def _recompute_forward(w: WhatIf) -> dict[str, dict[str, float]]:
                 "largest_forward_ms": float(max(f for f, _ in v))} for k, v in seen.items()}
 
 
+def _fuse_ops(w: WhatIf, analysis: RunAnalysis) -> dict[str, dict[str, float]]:
+    """Operator fusion (see the module docstring and :mod:`dpro.analysis.fusion`); per kind of
+    op, what fusion leaves of the forward and backward ops' time (the mean over ranks)."""
+    nodes = w.graph.nodes
+    names = nodes["name"].astype(str).to_numpy()
+    kept = names == ACCUMULATE_GRAD_EVENT
+    seen: dict[str, list[tuple[float, float]]] = {}
+    for r, op_kind, forward, backward in _phases(w):
+        before = w.durations.copy()
+        if op_kind == "cpu":
+            shares = fused_shares(analysis, r)
+            w.durations[forward] *= shares.forward
+            w.durations[backward & ~kept] *= shares.backward
+        else:
+            w.durations = fused_kernel_durations(names, nodes["resource"].astype(str).to_numpy(),
+                                                 nodes["offset_ns"].to_numpy(np.float64), w.durations,
+                                                 forward | backward)
+        left = [w.durations[m].sum() / max(before[m].sum(), 1) for m in (forward, backward)]
+        seen.setdefault(op_kind, []).append((float(left[0]), float(left[1])))
+    return {k: {"forward_share": float(np.mean([f for f, _ in v])), "backward_share": float(np.mean([b for _, b in v]))}
+            for k, v in seen.items()}
+
+
 def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int) -> dict[str, Any]:
     """Gradient accumulation over ``micro_batches`` (see the module docstring): per kind of op,
     the fixed share of the forward and backward ops' time (the mean over ranks) and the forward
@@ -264,22 +294,17 @@ def _measured_fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, flo
     every op, what an op that does no work takes (the median of the rank's view ops); and the
     time between its backward ops (autograd's engine), as a share of the backward ops' time.
     Over the trace's profiled steps."""
-    events = analysis.tables(rank).events
-    cpu = events[events["cat"] == "cpu_op"].sort_values(["tid", "start_ns", "dur_ns"], ascending=[True, True, False])
-    cpu = cpu.assign(end_ns=cpu["start_ns"] + cpu["dur_ns"])
-    reach = cpu.groupby("tid")["end_ns"].cummax().groupby(cpu["tid"]).shift(1, fill_value=np.iinfo(np.int64).min)
-    top = (cpu["start_ns"] >= reach).to_numpy()
-    owner = pd.Series(np.where(top, np.arange(len(cpu)), -1)).replace(-1, np.nan).ffill().to_numpy()
+    cpu = cpu_ops(analysis, rank)
+    top, owner = top_level(cpu)
     names = cpu["name"].astype(str)
-    per_op = float(cpu.loc[names.isin(VIEW_OPS).to_numpy(), "dur_ns"].median()) if names.isin(VIEW_OPS).any() else 0.0
+    per_op = view_op_ns(cpu)
     outer = top & names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
     b_total = float(cpu["dur_ns"].to_numpy()[outer].sum())
-    b_ops = int(np.isin(owner, np.flatnonzero(outer)).sum())
+    b_ops = int(outer[owner].sum())
     spans = cpu[outer & (cpu["step"] >= 0).to_numpy()].groupby("step").agg(first=("start_ns", "min"), last=("end_ns", "max"), busy=("dur_ns", "sum"))
     b_gaps = float((spans["last"] - spans["first"] - spans["busy"]).clip(lower=0).sum())
     f_total, f_fixed = 0.0, 0.0
-    marks = (events["name"] == DDP_FORWARD_EVENT) & (events["cat"] == "user_annotation")  # not the GPU's copy
-    for s0, d0, t in events.loc[marks, ["start_ns", "dur_ns", "tid"]].itertuples(index=False):
+    for s0, d0, t, _ in forward_marks(analysis, rank).itertuples(index=False):
         inside = ((cpu["tid"] == t) & (cpu["start_ns"] >= s0) & (cpu["end_ns"] <= s0 + d0)).to_numpy()
         f_total += d0
         f_fixed += d0 - float(cpu["dur_ns"].to_numpy()[inside & top].sum()) + per_op * int(inside.sum())

@@ -39,6 +39,8 @@ class Compression(click.ParamType):
               help="DDP's fp16, bf16 or PowerSGD (of that rank) compression hook on every bucket.")
 @click.option("--accumulate", type=click.IntRange(min=2), metavar="K",
               help="Gradient accumulation: each step's batch in K micro-batches, one all-reduce a step.")
+@click.option("--fuse-ops", is_flag=True, default=None,
+              help="Operator fusion as torch.compile would make it (TorchInductor's fused kernels).")
 @click.option("--world-size", type=click.IntRange(min=2), metavar="N",
               help="The same data-parallel job over N ranks (per-rank batch fixed).")
 @click.option("--ranks-per-host", type=click.IntRange(min=1), metavar="R",
@@ -48,7 +50,7 @@ class Compression(click.ParamType):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
-           accumulate: int | None, world_size: int | None, ranks_per_host: int | None, no_interference: bool, as_json: bool,
+           accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -56,10 +58,11 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
     if ranks_per_host is not None and world_size is None:
         raise click.UsageError("--ranks-per-host goes with --world-size")
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
-                    compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate)
+                    compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
+                    fuse_ops=fuse_ops or None)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
-                               "--compress, --accumulate or --world-size")
+                               "--compress, --accumulate, --fuse-ops or --world-size")
     result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))

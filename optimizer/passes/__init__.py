@@ -11,10 +11,11 @@ from dpro.optimizer.passes.base import Proposals
 from dpro.optimizer.passes.checkpointing import checkpointing
 from dpro.optimizer.passes.compression import compression
 from dpro.optimizer.passes.memory import memory
+from dpro.optimizer.passes.operator_fusion import operator_fusion
 from dpro.optimizer.passes.tensor_fusion import first_bucket, tensor_fusion
 
 PASSES = {"tensor_fusion": tensor_fusion, "first_bucket": first_bucket, "compression": compression, "memory": memory,
-          "checkpointing": checkpointing, "gradient_accumulation": gradient_accumulation}
+          "checkpointing": checkpointing, "gradient_accumulation": gradient_accumulation, "operator_fusion": operator_fusion}
 
 __all__ = ["PASSES", "Proposals", "checkpointing", "compression", "first_bucket", "gradient_accumulation", "memory",
-           "tensor_fusion"]
+           "operator_fusion", "tensor_fusion"]

@@ -1,0 +1,71 @@
+"""A rank's CPU ops as the cost model reads them: top-level ops, leaves and an op's fixed cost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dpro.run_format import BACKWARD_EVENT_PREFIX
+
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["ACCUMULATE_GRAD_EVENT", "DDP_FORWARD_EVENT", "VIEW_OPS", "cpu_ops", "forward_marks", "parents",
+           "self_ns", "top_level", "view_op_ns"]
+
+ACCUMULATE_GRAD_EVENT = f"{BACKWARD_EVENT_PREFIX}: torch::autograd::AccumulateGrad"  # a gradient made ready
+DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
+VIEW_OPS = ("aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::alias")  # no work: an op's fixed cost
+
+
+def cpu_ops(analysis: RunAnalysis, rank: int) -> pd.DataFrame:
+    """``rank``'s CPU ops, sorted by thread, start and longest first (an op before those nested
+    in it), with ``end_ns``, indexed from 0."""
+    events = analysis.tables(rank).events
+    cpu = events[events["cat"] == "cpu_op"]
+    cpu = cpu.sort_values(["tid", "start_ns", "dur_ns"], ascending=[True, True, False]).reset_index(drop=True)
+    return cpu.assign(end_ns=cpu["start_ns"] + cpu["dur_ns"])
+
+
+def forward_marks(analysis: RunAnalysis, rank: int) -> pd.DataFrame:
+    """DDP's forward annotations on ``rank``'s CPU (not their GPU copies): ``start_ns``,
+    ``dur_ns``, ``tid``, ``step``."""
+    events = analysis.tables(rank).events
+    marks = events[(events["name"] == DDP_FORWARD_EVENT) & (events["cat"] == "user_annotation")]
+    return marks[["start_ns", "dur_ns", "tid", "step"]]
+
+
+def top_level(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Of :func:`cpu_ops`: which ops are top-level (no op of their thread around them), and each
+    op's top-level op (its row)."""
+    reach = cpu.groupby("tid")["end_ns"].cummax().groupby(cpu["tid"]).shift(1, fill_value=np.iinfo(np.int64).min)
+    top = (cpu["start_ns"] >= reach).to_numpy()
+    owner = pd.Series(np.where(top, np.arange(len(cpu)), -1)).replace(-1, np.nan).ffill()
+    return top, owner.fillna(-1).to_numpy(np.int64)
+
+
+def parents(cpu: pd.DataFrame) -> np.ndarray:
+    """Of :func:`cpu_ops`: each op's innermost op around it (its row; -1 for a top-level op)."""
+    tid, start, end = (cpu[c].to_numpy() for c in ("tid", "start_ns", "end_ns"))
+    parent = np.full(len(cpu), -1, np.int64)
+    open_ops: list[int] = []
+    for i in range(len(cpu)):
+        while open_ops and (tid[open_ops[-1]] != tid[i] or end[open_ops[-1]] <= start[i]):
+            open_ops.pop()
+        if open_ops:
+            parent[i] = open_ops[-1]
+        open_ops.append(i)
+    return parent
+
+
+def self_ns(cpu: pd.DataFrame, parent: np.ndarray) -> np.ndarray:
+    """Of :func:`cpu_ops`: each op's time outside the ops nested in it."""
+    dur = cpu["dur_ns"].to_numpy(np.float64)
+    nested = np.zeros(len(cpu))
+    np.add.at(nested, parent[parent >= 0], dur[parent >= 0])
+    return np.maximum(dur - nested, 0.0)
+
+
+def view_op_ns(cpu: pd.DataFrame) -> float:
+    """What an op that does no work takes: the median of the view ops (0 without any)."""
+    views = cpu["name"].astype(str).isin(VIEW_OPS).to_numpy()
+    return float(np.median(cpu["dur_ns"].to_numpy()[views])) if views.any() else 0.0

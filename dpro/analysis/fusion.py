@@ -1,0 +1,166 @@
+"""What operator fusion (``torch.compile``) would leave of a rank's forward and backward passes.
+
+TorchInductor keeps the heavy ops (matrix products, convolutions, attention) as library calls
+and fuses the rest (pointwise ops, reductions, norms, views) into loops that read their inputs
+once. It runs the captured graph without the Python interpreter between ops, and the backward
+pass as a few compiled functions. The model here:
+
+- a pass's ops are taken in time order: a **heavy** op (:data:`HEAVY_OPS`, with the ops nested
+  in it) keeps its time; every other op contributes its own time (outside the ops nested in
+  it) beyond an op's fixed cost (what an op that does no work takes on the rank, the median of
+  its view ops) as its **work**;
+- the ops between two heavy ones are a **chain**, fused into one kernel: it takes one op's
+  fixed cost plus its largest op's work (each op of a chain is a pass over tensors of about the
+  same size; fused, the chain makes one);
+- everything else of the pass (the interpreter between ops, each op's dispatch) is gone.
+
+On the CPU the ops come from the rank's trace (the graph holds top-level ops only); on a GPU
+the kernels are the ops, and the chains are runs of kernels on one stream
+(:func:`fused_kernel_durations`). autograd's ``AccumulateGrad`` (DDP's hooks run in it) and the
+time autograd's engine spends between backward ops stay as recorded: the gain errs low there.
+Compilation time, graph breaks and the CUDA graphs of ``mode="reduce-overhead"`` are not
+modelled.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpro.run_format import BACKWARD_EVENT_PREFIX
+
+from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, cpu_ops, forward_marks, parents, self_ns, top_level,
+                                   view_op_ns)
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["COMPILED_MARKS", "FusedShares", "compiled_events", "fused_kernel_durations", "fused_shares", "heavy_kernel",
+           "heavy_op"]
+
+HEAVY_OPS = re.compile(r"^aten::(_?mm|addmm|bmm|baddbmm|addbmm|_?convolution\w*|\w*conv\w*|mkldnn_\w+|"
+                       r"_scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*|"
+                       r"embedding_dense_backward|_embedding_bag\w*|lstm\w*|gru\w*|_thnn_fused\w*)$")
+"""CPU ops TorchInductor leaves to a library (matrix products, convolutions, attention, ...)."""
+COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFunctionBackward")
+"""Events a compiled module leaves in a trace (dynamo's region, AOTAutograd's functions)."""
+HEAVY_KERNELS = re.compile(r"gemm|gemv|conv|cutlass|cublas|cudnn|flash|fmha|attention|xmma|wgrad|dgrad|"
+                           r"^sm\d+_|ampere|hopper|volta|turing|memcpy|memset|nccl", re.IGNORECASE)
+"""Kernels fusion leaves alone: the libraries' (and copies, memsets, collectives)."""
+
+
+def compiled_events(analysis: RunAnalysis, rank: int) -> str | None:
+    """The first of :data:`COMPILED_MARKS` in ``rank``'s trace (the job runs compiled), or None."""
+    names = analysis.tables(rank).events["name"].astype(str)
+    for mark in COMPILED_MARKS:
+        if names.str.startswith(mark).any():
+            return mark
+    return None
+
+
+def heavy_op(name: str) -> bool:
+    """Whether a CPU op (with the ops nested in it) stays a library call under ``torch.compile``."""
+    return bool(HEAVY_OPS.match(name))
+
+
+def heavy_kernel(name: str) -> bool:
+    """Whether a GPU kernel stays as it is under ``torch.compile``."""
+    return bool(HEAVY_KERNELS.search(name))
+
+
+@dataclass(frozen=True)
+class FusedShares:
+    """Of one rank's CPU passes, what fusion leaves: ``forward`` and ``backward`` as shares of
+    their recorded time (the backward's without ``AccumulateGrad``), and the ops and chains seen."""
+
+    forward: float
+    backward: float
+    ops: int
+    chains: int
+
+
+_SHARES: "weakref.WeakKeyDictionary[RunAnalysis, dict[int, FusedShares]]" = weakref.WeakKeyDictionary()
+
+
+def fused_shares(analysis: RunAnalysis, rank: int) -> FusedShares:
+    """:class:`FusedShares` of ``rank``'s CPU ops over its profiled steps (measured once per run
+    and rank)."""
+    known = _SHARES.setdefault(analysis, {})
+    if rank not in known:
+        known[rank] = _measured_shares(analysis, rank)
+    return known[rank]
+
+
+def _measured_shares(analysis: RunAnalysis, rank: int) -> FusedShares:
+    cpu = cpu_ops(analysis, rank)
+    profiled = (cpu["step"] >= 0).to_numpy()
+    top, owner = top_level(cpu)
+    parent = parents(cpu)
+    own = self_ns(cpu, parent)
+    names = cpu["name"].astype(str).to_numpy()
+    tid, start, end, dur = (cpu[c].to_numpy() for c in ("tid", "start_ns", "end_ns", "dur_ns"))
+    heavy = np.fromiter((heavy_op(n) for n in names), bool, len(names))
+    under_heavy = np.zeros(len(cpu), bool)  # parents come before the ops nested in them
+    for i in np.flatnonzero(parent >= 0):
+        under_heavy[i] = heavy[parent[i]] or under_heavy[parent[i]]
+    per_op = view_op_ns(cpu)
+    backward_top = top & profiled & np.char.startswith(names.astype(str), BACKWARD_EVENT_PREFIX) & \
+        (names != ACCUMULATE_GRAD_EVENT)
+    units = profiled & ~under_heavy
+    in_backward = backward_top[owner] & units
+    in_forward = np.zeros(len(cpu), bool)
+    forward_ns = 0.0
+    for s0, d0, t, step in forward_marks(analysis, rank).itertuples(index=False):
+        if step >= 0:
+            in_forward |= (tid == t) & (start >= s0) & (end <= s0 + d0)
+            forward_ns += d0
+    fused_f, chains_f = _fused_ns(heavy[in_forward & units], dur[in_forward & units], own[in_forward & units], per_op)
+    fused_b, chains_b = _fused_ns(heavy[in_backward], dur[in_backward], own[in_backward], per_op)
+    backward_ns = float(dur[backward_top].sum())
+    return FusedShares(forward=min(fused_f / forward_ns, 1.0) if forward_ns > 0 else 1.0,
+                       backward=min(fused_b / backward_ns, 1.0) if backward_ns > 0 else 1.0,
+                       ops=int((in_forward & units).sum() + in_backward.sum()), chains=chains_f + chains_b)
+
+
+def _fused_ns(heavy: np.ndarray, dur: np.ndarray, own: np.ndarray, per_op: float) -> tuple[float, int]:
+    """The fused time of a pass's ops in time order (``heavy``: library calls, the others
+    outside any): heavy ops as recorded; each chain of the others, one op's fixed cost plus the
+    largest own time beyond it; and the chains counted."""
+    total, chains, largest, open_chain = 0.0, 0, 0.0, False
+    for is_heavy, d, o in zip(heavy, dur, own):
+        if is_heavy:
+            if open_chain:
+                total, chains, largest, open_chain = total + per_op + largest, chains + 1, 0.0, False
+            total += d
+        else:
+            largest, open_chain = max(largest, o - per_op), True
+    if open_chain:
+        total, chains = total + per_op + largest, chains + 1
+    return total, chains
+
+
+def fused_kernel_durations(names: np.ndarray, streams: np.ndarray, start: np.ndarray, dur: np.ndarray,
+                           members: np.ndarray) -> np.ndarray:
+    """The kernels' durations once fused: each run of fusable kernels (``members``, in start
+    order on one stream, between heavy ones) shrinks to its longest kernel's time, every kernel
+    of it scaled alike; other kernels as given."""
+    fused = dur.astype(np.float64).copy()
+    order = np.flatnonzero(members)
+    order = order[np.lexsort((start[order], streams[order]))]
+    chain: list[int] = []
+
+    def close() -> None:
+        if len(chain) > 1 and fused[chain].sum() > 0:
+            fused[chain] *= fused[chain].max() / fused[chain].sum()
+        chain.clear()
+
+    previous_stream = None
+    for v in order:
+        if streams[v] != previous_stream or heavy_kernel(str(names[v])):
+            close()
+            previous_stream = streams[v]
+        if not heavy_kernel(str(names[v])):
+            chain.append(int(v))
+    close()
+    return fused
