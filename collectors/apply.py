@@ -35,8 +35,12 @@ from dpro.collectors.metadata import first_bucket_cap
 
 ENV_APPLY = "DPRO_APPLY"
 CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view")  # DistributedDataParallel's arguments
+CODE_CHANGES = {"activation_checkpointing": "a change to the model's code",
+                "gradient_accumulation": "a change to the training loop",
+                "torch_compile": "the DDP module compiled in the script"}
+"""Settings ``--apply`` leaves out, and why: they need the script changed (the strategy's ``code``)."""
 
-__all__ = ["ENV_APPLY", "Applier", "from_environment"]
+__all__ = ["CODE_CHANGES", "ENV_APPLY", "Applier", "from_environment"]
 
 
 def from_environment() -> "Applier | None":
@@ -52,14 +56,11 @@ class Applier:
         self.settings = dict(settings)
         self.applied: list[str] = []
         self.left_out: list[str] = []
-        if self.settings.get("activation_checkpointing"):
-            self.left_out.append(f"activation_checkpointing={self.settings['activation_checkpointing']} "
-                                 "(a change to the model's code: see the strategy's code)")
-        if self.settings.get("gradient_accumulation"):
-            self.left_out.append(f"gradient_accumulation={self.settings['gradient_accumulation']} "
-                                 "(a change to the training loop: see the strategy's code)")
-        if self.settings.get("torch_compile"):
-            self.left_out.append("torch_compile=true (the DDP module compiled in the script: see the strategy's code)")
+        for name, why in CODE_CHANGES.items():
+            value = self.settings.get(name)
+            if value:
+                shown = "true" if value is True else value
+                self.left_out.append(f"{name}={shown} ({why}: see the strategy's code)")
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # the modules whose hook was decided
 
     def report(self) -> dict[str, Any]:

@@ -166,7 +166,7 @@ def validate(settings: dict[str, Any]) -> None:
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 2):
         raise StrategyError(f"gradient_accumulation must be a number of micro-batches of 2 or more, not {k!r}")
     for name in ("gradient_as_bucket_view", "torch_compile"):
-        if settings.get(name) not in (None, True):
+        if settings.get(name) is not None and settings[name] is not True:
             raise StrategyError(f"{name} can only be true (the default is false), not {settings[name]!r}")
 
 

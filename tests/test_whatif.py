@@ -90,6 +90,14 @@ def test_the_table_names_the_change_and_every_rank(recorded_run: Path) -> None:
     assert lines[-1].startswith("interference: compute ") and lines[-1].endswith("(from calibration)")
 
 
+def test_fused_ops_shorten_the_step(recorded_run: Path) -> None:
+    result = dpro("whatif", recorded_run, "--fuse-ops", "--json")
+    assert result.returncode == 0, result.stderr
+    predicted = json.loads(result.stdout)
+    assert predicted["change"] == {"fuse_ops": True} and 0 < predicted["fusion"]["cpu"]["forward_share"] < 1
+    assert predicted["predicted_step_ms"] < predicted["baseline_step_ms"]
+
+
 @pytest.mark.privileged
 def test_a_faster_link_predicts_the_speed_up_of_a_job_bound_by_it(tmp_path: Path) -> None:
     """The replay's step boundary is no longer the recorded period: a job waiting on a slow link

@@ -39,8 +39,9 @@ def top_level(cpu: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     op's top-level op (its row)."""
     reach = cpu.groupby("tid")["end_ns"].cummax().groupby(cpu["tid"]).shift(1, fill_value=np.iinfo(np.int64).min)
     top = (cpu["start_ns"] >= reach).to_numpy()
-    owner = pd.Series(np.where(top, np.arange(len(cpu)), -1)).replace(-1, np.nan).ffill()
-    return top, owner.fillna(-1).to_numpy(np.int64)
+    rows = np.arange(len(cpu))
+    owner = pd.Series(np.where(top, rows, -1)).replace(-1, np.nan).ffill()
+    return top, np.where(owner.isna(), rows, owner.fillna(0)).astype(np.int64)  # (no owner: an unordered start)
 
 
 def parents(cpu: pd.DataFrame) -> np.ndarray:
@@ -68,4 +69,5 @@ def self_ns(cpu: pd.DataFrame, parent: np.ndarray) -> np.ndarray:
 def view_op_ns(cpu: pd.DataFrame) -> float:
     """What an op that does no work takes: the median of the view ops (0 without any)."""
     views = cpu["name"].astype(str).isin(VIEW_OPS).to_numpy()
-    return float(np.median(cpu["dur_ns"].to_numpy()[views])) if views.any() else 0.0
+    median = cpu.loc[views, "dur_ns"].median()
+    return float(median) if median == median else 0.0

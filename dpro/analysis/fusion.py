@@ -9,15 +9,17 @@ pass as a few compiled functions. The model here:
   in it) keeps its time; every other op contributes its own time (outside the ops nested in
   it) beyond an op's fixed cost (what an op that does no work takes on the rank, the median of
   its view ops) as its **work**;
-- the ops between two heavy ones are a **chain**, fused into one kernel: it takes one op's
-  fixed cost plus its largest op's work (each op of a chain is a pass over tensors of about the
-  same size; fused, the chain makes one);
+- the ops between two heavy ones (within one step and thread) are a **chain**, fused into one
+  kernel: it takes one op's fixed cost plus its largest op's work (each op of a chain is a
+  pass over tensors of about the same size; fused, the chain makes one);
 - everything else of the pass (the interpreter between ops, each op's dispatch) is gone.
 
-On the CPU the ops come from the rank's trace (the graph holds top-level ops only); on a GPU
-the kernels are the ops, and the chains are runs of kernels on one stream
-(:func:`fused_kernel_durations`). autograd's ``AccumulateGrad`` (DDP's hooks run in it) and the
-time autograd's engine spends between backward ops stay as recorded: the gain errs low there.
+On the CPU the ops come from the rank's trace (the graph holds top-level ops only). On a GPU
+the kernels are the ops, with no fixed cost of their own (the launches are the CPU's): each run
+of fusable kernels on one stream, in the forward or in the backward pass, shrinks to its
+longest kernel (:func:`fused_kernel_durations`). autograd's ``AccumulateGrad`` (DDP's hooks run
+in it), its kernels, and the time autograd's engine spends between backward ops stay as
+recorded: the gain errs low there.
 Compilation time, graph breaks and the CUDA graphs of ``mode="reduce-overhead"`` are not
 modelled.
 """
@@ -36,10 +38,10 @@ from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, cpu_ops, forward_marks
                                    view_op_ns)
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["COMPILED_MARKS", "FusedShares", "compiled_events", "fused_kernel_durations", "fused_shares", "heavy_kernel",
-           "heavy_op"]
+__all__ = ["COMPILED_MARKS", "HEAVY_KERNELS", "HEAVY_OPS", "FusedShares", "compiled_events", "fused_kernel_durations",
+           "fused_shares", "fused_time", "heavy_kernel", "heavy_op"]
 
-HEAVY_OPS = re.compile(r"^aten::(_?mm|addmm|bmm|baddbmm|addbmm|_?convolution\w*|\w*conv\w*|mkldnn_\w+|"
+HEAVY_OPS = re.compile(r"^aten::(_?mm|addmm|bmm|baddbmm|addbmm|\w*conv\w*|mkldnn_\w+|"
                        r"_scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*|"
                        r"embedding_dense_backward|_embedding_bag\w*|lstm\w*|gru\w*|_thnn_fused\w*)$")
 """CPU ops TorchInductor leaves to a library (matrix products, convolutions, attention, ...)."""
@@ -72,10 +74,14 @@ def heavy_kernel(name: str) -> bool:
 @dataclass(frozen=True)
 class FusedShares:
     """Of one rank's CPU passes, what fusion leaves: ``forward`` and ``backward`` as shares of
-    their recorded time (the backward's without ``AccumulateGrad``), and the ops and chains seen."""
+    their recorded time (the backward's without ``AccumulateGrad``); of that, the share of the
+    calls' fixed cost (what does not shrink with the batch: gradient accumulation's fixed part
+    once fused); and the ops and chains seen."""
 
     forward: float
     backward: float
+    forward_fixed: float  # of the fused forward, the share its calls' fixed cost takes
+    backward_fixed: float
     ops: int
     chains: int
 
@@ -115,38 +121,47 @@ def _measured_shares(analysis: RunAnalysis, rank: int) -> FusedShares:
         if step >= 0:
             in_forward |= (tid == t) & (start >= s0) & (end <= s0 + d0)
             forward_ns += d0
-    fused_f, chains_f = _fused_ns(heavy[in_forward & units], dur[in_forward & units], own[in_forward & units], per_op)
-    fused_b, chains_b = _fused_ns(heavy[in_backward], dur[in_backward], own[in_backward], per_op)
+    group = cpu["step"].to_numpy() * (int(tid.max()) + 1 if len(tid) else 1) + tid  # a chain ends with its step and thread
+    forward = in_forward & units
+    fused_f, chains_f, calls_f = fused_time(heavy[forward], dur[forward], own[forward], per_op, group[forward])
+    fused_b, chains_b, calls_b = fused_time(heavy[in_backward], dur[in_backward], own[in_backward], per_op,
+                                            group[in_backward])
     backward_ns = float(dur[backward_top].sum())
     return FusedShares(forward=min(fused_f / forward_ns, 1.0) if forward_ns > 0 else 1.0,
                        backward=min(fused_b / backward_ns, 1.0) if backward_ns > 0 else 1.0,
-                       ops=int((in_forward & units).sum() + in_backward.sum()), chains=chains_f + chains_b)
+                       forward_fixed=min(calls_f * per_op / fused_f, 1.0) if fused_f > 0 else 0.0,
+                       backward_fixed=min(calls_b * per_op / fused_b, 1.0) if fused_b > 0 else 0.0,
+                       ops=int(forward.sum() + in_backward.sum()), chains=chains_f + chains_b)
 
 
-def _fused_ns(heavy: np.ndarray, dur: np.ndarray, own: np.ndarray, per_op: float) -> tuple[float, int]:
-    """The fused time of a pass's ops in time order (``heavy``: library calls, the others
-    outside any): heavy ops as recorded; each chain of the others, one op's fixed cost plus the
-    largest own time beyond it; and the chains counted."""
-    total, chains, largest, open_chain = 0.0, 0, 0.0, False
-    for is_heavy, d, o in zip(heavy, dur, own):
+def fused_time(heavy: np.ndarray, dur: np.ndarray, own: np.ndarray, per_op: float,
+               group: np.ndarray) -> tuple[float, int, int]:
+    """The fused time of ops in time order (``heavy``: library calls; the others outside any,
+    ``own`` their time outside the ops nested in them; a chain never spans two ``group`` values):
+    heavy ops as recorded, each chain of the others one op's fixed cost ``per_op`` plus its
+    largest own time beyond it. Also the chains, and the calls left (heavy ops and chains)."""
+    total, chains, largest, open_chain, previous = 0.0, 0, 0.0, False, None
+    for is_heavy, d, o, g in zip(heavy, dur, own, group):
+        if open_chain and (is_heavy or g != previous):
+            total, chains, largest, open_chain = total + per_op + largest, chains + 1, 0.0, False
         if is_heavy:
-            if open_chain:
-                total, chains, largest, open_chain = total + per_op + largest, chains + 1, 0.0, False
             total += d
         else:
             largest, open_chain = max(largest, o - per_op), True
+        previous = g
     if open_chain:
         total, chains = total + per_op + largest, chains + 1
-    return total, chains
+    return float(total), chains, chains + int(np.count_nonzero(heavy))
 
 
 def fused_kernel_durations(names: np.ndarray, streams: np.ndarray, start: np.ndarray, dur: np.ndarray,
                            members: np.ndarray) -> np.ndarray:
-    """The kernels' durations once fused: each run of fusable kernels (``members``, in start
-    order on one stream, between heavy ones) shrinks to its longest kernel's time, every kernel
-    of it scaled alike; other kernels as given."""
+    """The kernels' durations once fused: each run of fusable kernels among ``members``, in start
+    order on one stream, shrinks to its longest kernel's time, every kernel of it scaled alike; a
+    heavy kernel or any other node on the stream ends a run. Other nodes as given."""
     fused = dur.astype(np.float64).copy()
-    order = np.flatnonzero(members)
+    queues = np.unique(streams[members])
+    order = np.flatnonzero(np.isin(streams, queues))
     order = order[np.lexsort((start[order], streams[order]))]
     chain: list[int] = []
 
@@ -157,10 +172,10 @@ def fused_kernel_durations(names: np.ndarray, streams: np.ndarray, start: np.nda
 
     previous_stream = None
     for v in order:
-        if streams[v] != previous_stream or heavy_kernel(str(names[v])):
+        if streams[v] != previous_stream or not members[v] or heavy_kernel(str(names[v])):
             close()
             previous_stream = streams[v]
-        if not heavy_kernel(str(names[v])):
+        if members[v] and not heavy_kernel(str(names[v])):
             chain.append(int(v))
     close()
     return fused

@@ -20,8 +20,10 @@ sends timed by the link model fitted on the run's calibration
 - **operator fusion** (``torch.compile``): each rank's forward and backward ops take what
   TorchInductor's fused kernels would leave of them (:mod:`dpro.analysis.fusion`): on the CPU,
   the forward (DDP's ``DistributedDataParallel.forward``; without that marker it is kept) and
-  the backward ops (but ``AccumulateGrad``) scaled by the shares measured on the rank's leaf
-  ops; on a GPU, each run of fusable kernels shrunk to its longest kernel.
+  the backward ops (but ``AccumulateGrad``) scaled by the shares measured on the rank's traced
+  ops (every op not nested in a heavy one); on a GPU, each run of fusable kernels of the forward
+  or of the backward pass (but ``AccumulateGrad``'s) shrunk to its longest kernel. With
+  gradient accumulation, the fixed part of a fused op is its calls' fixed cost.
 - **recompute forward** (activation checkpointing): the backward pass runs the forward pass
   again, segment by segment. Each rank's backward ops (autograd's functions on the CPU; on a
   GPU, the kernels they launch) take longer by the forward's share, ``× (1 + F / B)``: ``F``
@@ -66,7 +68,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
@@ -155,7 +156,7 @@ class Prediction:
         if change.recompute_forward:
             details["recompute"] = _recompute_forward(w)
         if change.accumulate is not None:
-            details["accumulation"] = _accumulate(w, analysis, change.accumulate)
+            details["accumulation"] = _accumulate(w, analysis, change.accumulate, bool(change.fuse_ops))
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.bandwidth_scale is not None:
@@ -227,7 +228,11 @@ def _fuse_ops(w: WhatIf, analysis: RunAnalysis) -> dict[str, dict[str, float]]:
     op, what fusion leaves of the forward and backward ops' time (the mean over ranks)."""
     nodes = w.graph.nodes
     names = nodes["name"].astype(str).to_numpy()
-    kept = names == ACCUMULATE_GRAD_EVENT
+    kept = names == ACCUMULATE_GRAD_EVENT  # and the kernels it launches
+    launches = w.edges[w.edges["kind"] == "launch"]
+    src, dst = launches["src"].to_numpy(), launches["dst"].to_numpy()
+    kept[dst[kept[src]]] = True
+    streams, offsets = nodes["resource"].astype(str).to_numpy(), nodes["offset_ns"].to_numpy(np.float64)
     seen: dict[str, list[tuple[float, float]]] = {}
     for r, op_kind, forward, backward in _phases(w):
         before = w.durations.copy()
@@ -236,19 +241,19 @@ def _fuse_ops(w: WhatIf, analysis: RunAnalysis) -> dict[str, dict[str, float]]:
             w.durations[forward] *= shares.forward
             w.durations[backward & ~kept] *= shares.backward
         else:
-            w.durations = fused_kernel_durations(names, nodes["resource"].astype(str).to_numpy(),
-                                                 nodes["offset_ns"].to_numpy(np.float64), w.durations,
-                                                 forward | backward)
+            for members in (forward & ~kept, backward & ~kept):
+                w.durations[:] = fused_kernel_durations(names, streams, offsets, w.durations, members)
         left = [w.durations[m].sum() / max(before[m].sum(), 1) for m in (forward, backward)]
         seen.setdefault(op_kind, []).append((float(left[0]), float(left[1])))
     return {k: {"forward_share": float(np.mean([f for f, _ in v])), "backward_share": float(np.mean([b for _, b in v]))}
             for k, v in seen.items()}
 
 
-def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int) -> dict[str, Any]:
-    """Gradient accumulation over ``micro_batches`` (see the module docstring): per kind of op,
-    the fixed share of the forward and backward ops' time (the mean over ranks) and the forward
-    and backward ms of one micro-batch."""
+def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int, fused: bool = False) -> dict[str, Any]:
+    """Gradient accumulation over ``micro_batches`` (see the module docstring; ``fused``: the
+    ops were fused first, and their fixed part is their calls'): per kind of op, the fixed share
+    of the forward and backward ops' time (the mean over ranks) and the forward and backward ms
+    of one micro-batch."""
     if micro_batches < 2:
         raise DproError(f"gradient accumulation needs 2 micro-batches or more, not {micro_batches}")
     fixed_only = (w.graph.nodes["name"] == ACCUMULATE_GRAD_EVENT).to_numpy()
@@ -257,6 +262,9 @@ def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int) -> dict[st
         d = w.durations.copy()
         if op_kind == "cpu":
             f_share, b_share, b_gaps = _fixed_shares(analysis, r)
+            if fused:
+                shares = fused_shares(analysis, r)
+                f_share, b_share = shares.forward_fixed, shares.backward_fixed
             fixed = np.where(forward, f_share * d, b_share * d)
         else:  # kernels: the rank's shortest (1st percentile) take what a kernel takes whatever its work
             timed = d[(forward | backward) & (d > 0)]
@@ -293,7 +301,7 @@ def _measured_fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, flo
     shares of each: the forward's time outside its ops (the interpreter between them), and of
     every op, what an op that does no work takes (the median of the rank's view ops); and the
     time between its backward ops (autograd's engine), as a share of the backward ops' time.
-    Over the trace's profiled steps."""
+    Over the whole trace (the time between backward ops over its profiled steps)."""
     cpu = cpu_ops(analysis, rank)
     top, owner = top_level(cpu)
     names = cpu["name"].astype(str)
