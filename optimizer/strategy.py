@@ -112,10 +112,10 @@ class Strategy:
             arguments.append("gradient_as_bucket_view=True")
         if arguments:
             lines.append(f"model = DistributedDataParallel(module, ..., {', '.join(arguments)})")
-        if self.settings.get("torch_compile"):
-            lines.append("model = torch.compile(model)  # the DistributedDataParallel module, after DDP wraps it")
         if "first_bucket_mb" in self.settings and "bucket_cap_mb" not in self.settings:
             lines.append(f"# bucket_cap_mb_list's second cap: your bucket_cap_mb if you give one ({DEFAULT_BUCKET_CAP_MB} is DDP's default)")
+        if self.settings.get("torch_compile"):
+            lines.append("model = torch.compile(model)  # the DistributedDataParallel module, after DDP wraps it")
         hook = self.settings.get("comm_hook")
         if hook in ("fp16", "bf16"):
             lines += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",

@@ -1,6 +1,10 @@
-"""A rank's CPU ops as the cost model reads them: top-level ops, leaves and an op's fixed cost."""
+"""A rank's CPU ops as the cost model reads them: top-level ops, nesting and an op's fixed cost."""
 
 from __future__ import annotations
+
+import functools
+import weakref
+from typing import Callable, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -9,12 +13,29 @@ from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["ACCUMULATE_GRAD_EVENT", "DDP_FORWARD_EVENT", "VIEW_OPS", "cpu_ops", "forward_marks", "parents",
-           "self_ns", "top_level", "view_op_ns"]
+__all__ = ["ACCUMULATE_GRAD_EVENT", "DDP_FORWARD_EVENT", "VIEW_OPS", "cpu_ops", "forward_marks", "once_per_rank",
+           "parents", "self_ns", "top_level", "view_op_ns"]
 
 ACCUMULATE_GRAD_EVENT = f"{BACKWARD_EVENT_PREFIX}: torch::autograd::AccumulateGrad"  # a gradient made ready
 DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
 VIEW_OPS = ("aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::alias")  # no work: an op's fixed cost
+
+T = TypeVar("T")
+
+
+def once_per_rank(measure: Callable[[RunAnalysis, int], T]) -> Callable[[RunAnalysis, int], T]:
+    """``measure(analysis, rank)`` computed once per run and rank (it depends on the run's traces
+    only, and a search asks for it at every prediction); forgotten with the run."""
+    known: "weakref.WeakKeyDictionary[RunAnalysis, dict[int, T]]" = weakref.WeakKeyDictionary()
+
+    @functools.wraps(measure)
+    def measured(analysis: RunAnalysis, rank: int) -> T:
+        ranks = known.setdefault(analysis, {})
+        if rank not in ranks:
+            ranks[rank] = measure(analysis, rank)
+        return ranks[rank]
+
+    return measured
 
 
 def cpu_ops(analysis: RunAnalysis, rank: int) -> pd.DataFrame:

@@ -27,15 +27,14 @@ modelled.
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
-from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, cpu_ops, forward_marks, parents, self_ns, top_level,
-                                   view_op_ns)
+from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, cpu_ops, forward_marks, once_per_rank, parents, self_ns,
+                                   top_level, view_op_ns)
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["COMPILED_MARKS", "HEAVY_KERNELS", "HEAVY_OPS", "FusedShares", "compiled_events", "fused_kernel_durations",
@@ -86,19 +85,10 @@ class FusedShares:
     chains: int
 
 
-_SHARES: "weakref.WeakKeyDictionary[RunAnalysis, dict[int, FusedShares]]" = weakref.WeakKeyDictionary()
-
-
+@once_per_rank
 def fused_shares(analysis: RunAnalysis, rank: int) -> FusedShares:
     """:class:`FusedShares` of ``rank``'s CPU ops over its profiled steps (measured once per run
     and rank)."""
-    known = _SHARES.setdefault(analysis, {})
-    if rank not in known:
-        known[rank] = _measured_shares(analysis, rank)
-    return known[rank]
-
-
-def _measured_shares(analysis: RunAnalysis, rank: int) -> FusedShares:
     cpu = cpu_ops(analysis, rank)
     profiled = (cpu["step"] >= 0).to_numpy()
     top, owner = top_level(cpu)

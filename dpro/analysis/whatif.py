@@ -63,7 +63,6 @@ The unanchored replay is reported beside it.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -80,7 +79,8 @@ from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
-from dpro.analysis.cpu_ops import ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu_ops, forward_marks, top_level, view_op_ns
+from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu_ops, forward_marks, once_per_rank,
+                                   top_level, view_op_ns)
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
 
@@ -284,24 +284,14 @@ def _accumulate(w: WhatIf, analysis: RunAnalysis, micro_batches: int, fused: boo
                    "micro_batch_backward_ms": float(np.mean([v[2] for v in rows]))} for k, rows in seen.items()}}
 
 
-_FIXED_SHARES: "weakref.WeakKeyDictionary[RunAnalysis, dict[int, tuple[float, float, float]]]" = \
-    weakref.WeakKeyDictionary()  # per run: they depend on its traces only, and a search asks for them often
-
-
+@once_per_rank
 def _fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, float, float]:
-    """:func:`_measured_fixed_shares`, measured once per run and rank."""
-    known = _FIXED_SHARES.setdefault(analysis, {})
-    if rank not in known:
-        known[rank] = _measured_fixed_shares(analysis, rank)
-    return known[rank]
-
-
-def _measured_fixed_shares(analysis: RunAnalysis, rank: int) -> tuple[float, float, float]:
     """What of ``rank``'s forward and backward CPU time does not scale with the batch, as
     shares of each: the forward's time outside its ops (the interpreter between them), and of
     every op, what an op that does no work takes (the median of the rank's view ops); and the
     time between its backward ops (autograd's engine), as a share of the backward ops' time.
-    Over the whole trace (the time between backward ops over its profiled steps)."""
+    Over the whole trace (the time between backward ops over its profiled steps); measured once
+    per run and rank."""
     cpu = cpu_ops(analysis, rank)
     top, owner = top_level(cpu)
     names = cpu["name"].astype(str)
