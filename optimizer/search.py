@@ -14,9 +14,12 @@
    state not yet predicted. Predictions are cached, so a small space is covered whole; the
    search ends when it is, or when the time budget would be overrun.
 
-Each speed-up trick can be switched off (:class:`Tricks`) to measure what it saves:
+Each speed-up trick can be switched on or off (:class:`Tricks`) to measure what it saves:
 critical-path guidance, and the cost model's incremental re-replay (a prediction's replays
-after the first recompute only the ops at or after the first changed one).
+after the first recompute only the ops at or after the first changed one), both on; and
+identical-rank folding, off: every prediction replays the graph folded onto its median rank
+(:mod:`dpro.replayer.median_rank`), which is exact only where the ranks are alike (a recorded
+run's ranks never quite are: it drops their skew and stragglers) and pays off with many ranks.
 
 A strategy that would fail the job is left out, and the notes say why (DDP's PowerSGD hook on
 gloo with more than one bucket: :func:`dpro.optimizer.passes.compression.fails_the_job`).
@@ -65,6 +68,7 @@ class Tricks:
 
     guidance: bool = True
     incremental: bool = True
+    fold: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     def predicted(strategy: Strategy) -> dict[str, Any] | None:
         change = strategy.change()
         if change not in predictions:
-            predictions[change] = _predict(analysis, strategy, notes, tricks.incremental)
+            predictions[change] = _predict(analysis, strategy, notes, tricks)
         return predictions[change]
 
     def evaluate(state: tuple[int, ...], always: bool = False) -> Evaluated | None:
@@ -166,6 +170,8 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     recorded = evaluate((0,) * len(axes), always=True)  # the baseline every strategy is compared with
     if recorded is None:
         raise DproError(f"the cost model cannot replay the recorded configuration: {notes[-1]}")
+    if tricks.fold and not recorded.prediction.get("ranks_folded"):
+        notes.append("identical-rank folding: not used, the ranks do not run the same ops (every rank is replayed)")
     singles = [tuple(i + 1 if k == a else 0 for k in range(len(axes)))
                for a, (_, options) in enumerate(axes) for i in range(len(options))]
     for state in singles:
@@ -213,9 +219,9 @@ def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ..
     return Strategy(settings, tuple(passes))
 
 
-def _predict(analysis: RunAnalysis, strategy: Strategy, notes: list[str], incremental: bool) -> dict[str, Any] | None:
+def _predict(analysis: RunAnalysis, strategy: Strategy, notes: list[str], tricks: Tricks) -> dict[str, Any] | None:
     try:
-        return predict(analysis, strategy.change(), incremental=incremental)
+        return predict(analysis, strategy.change(), incremental=tricks.incremental, fold=tricks.fold)
     except DproError as e:
         notes.append(f"{strategy.name}: not predicted: {e}")
         return None

@@ -31,6 +31,8 @@ from dpro.graph.dataflow import DataflowGraph, text_as_categories
 
 from dpro.replayer.cost import AlphaBeta, fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, overlap, relative_slowdown
+from dpro.replayer.kernels import ReplayError
+from dpro.replayer.median_rank import MedianRank, median_rank
 from dpro.replayer.simulate import Replay, Replayer
 
 ISSUE_EDGES = ("enqueue", "launch")  # from the op that issued a collective to its instance (gloo, NCCL)
@@ -46,18 +48,22 @@ class WhatIf:
     """A recorded graph and a set of changes to it; each method returns ``self`` to chain."""
 
     def __init__(self, graph: DataflowGraph, model: dict[tuple[str, str], AlphaBeta] | None = None,
-                 interference: Interference | None = None, incremental: bool = True) -> None:
+                 interference: Interference | None = None, incremental: bool = True, fold: bool = False) -> None:
         """``model``: the per-send link model (default: fitted on the graph's own sends,
         :func:`~dpro.replayer.cost.fit_link_model`; a run's calibration gives a better one,
         :func:`~dpro.replayer.linkmodel.calibrated_link_model`). ``interference``: how much
         compute and communication slow each other where they overlap
         (:mod:`dpro.replayer.interference`; ``None``: durations do not depend on overlap).
         ``incremental=False`` replays the whole graph every time (see :meth:`replay`), to
-        measure what re-replaying only the changed part saves."""
+        measure what re-replaying only the changed part saves. ``fold=True`` replays the graph
+        folded onto its median rank (:mod:`dpro.replayer.median_rank`; approximate), where its
+        ranks run the same ops; :attr:`folded` says whether the last replay was."""
         self.graph = graph  # with the copies :meth:`split_collective` made, if any
         self._recorded_graph = graph
         self._origin = np.arange(len(graph.nodes))  # per node, the recorded node it copies
         self.incremental = incremental
+        self.fold = fold
+        self.folded = False  # whether the last replay was of the graph folded onto its median rank
         self.interference = interference
         self._classes: NodeClasses | None = None  # derived at the first replay with interference
         self._reference: np.ndarray | None = None  # the recorded configuration's overlap
@@ -66,6 +72,8 @@ class WhatIf:
         self.durations = nodes["dur_ns"].to_numpy(np.float64).copy()
         self.edges = graph.edges
         self._replayer: Replayer | None = None
+        self._built_for: pd.DataFrame | None = None  # the edges the replayer was built for
+        self._median_rank: MedianRank | None = None  # the fold the replayer replays, if folded
         self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
         self._bandwidth = np.ones(len(nodes))
         self._parts = np.ones(len(nodes))
@@ -112,12 +120,17 @@ class WhatIf:
                            link_class_: str | None = None) -> "WhatIf":
         """Links (all, those from ``src`` and/or to ``dst``, or of one class, ``intra`` or
         ``inter``) ``factor`` times as fast as recorded."""
-        nodes = self.graph.nodes
-        for v in self._model_of:
-            a, b = (int(x) for x in str(nodes.at[v, "resource"]).removeprefix("link/").split("->"))
-            if (src is None or a == src) and (dst is None or b == dst) and \
-                    (link_class_ is None or self._model_of[v][1] == link_class_):
-                self._bandwidth[v] = factor
+        sends = np.fromiter(self._model_of, np.int64)
+        if not len(sends):
+            return self
+        ends = self.graph.nodes["resource"].iloc[sends].astype(str).str.removeprefix("link/").str.split("->", expand=True)
+        chosen = np.ones(len(sends), bool)
+        for end, rank in ((0, src), (1, dst)):
+            if rank is not None:
+                chosen &= ends[end].astype(np.int64).to_numpy() == rank
+        if link_class_ is not None:
+            chosen &= np.array([self._model_of[int(v)][1] == link_class_ for v in sends])
+        self._bandwidth[sends[chosen]] = factor
         return self._retime_sends()
 
     def set_collective_bytes(self, coll: str, occurrence: int, nbytes: float, parts: int = 1) -> "WhatIf":
@@ -287,21 +300,55 @@ class WhatIf:
         the overlap of the recorded configuration's replay, and replayed again, until no factor
         moves by more than :data:`INTERFERENCE_TOLERANCE` (at most :data:`INTERFERENCE_ROUNDS`
         times; each factor after the first is the mean of the new one and the last, so that ops
-        that leave and re-enter overlap settle between the two)."""
-        if self._replayer is None or self._replayer.graph.edges is not self.edges or not self.incremental:
-            self._replayer = Replayer(dataclasses.replace(self.graph, edges=self.edges))
-        result = self._replayer.replay(self.durations)
-        if self.interference is None:
-            return result
-        if self._reference is None:
-            graph = self._recorded_graph
-            unchanged = self.edges is graph.edges and \
-                np.array_equal(self.durations, graph.nodes["dur_ns"].to_numpy(np.float64))
-            recorded = result if unchanged else Replayer(graph).replay()
-            self._reference = overlap(NodeClasses.of(graph), recorded.start_ns, recorded.end_ns, recorded.step_ns)
-        if self._classes is None or len(self._classes.rank) != len(self.durations):
-            self._classes = NodeClasses.of(self.graph)
-        reference = self._reference[self._origin]
+        that leave and re-enter overlap settle between the two). Folded, all of it runs on the
+        folded graph, and the result is mapped back to every node."""
+        if self._replayer is None or self._built_for is not self.edges or not self.incremental:
+            self._build()
+        folded = self._median_rank
+        durations = self.durations if folded is None else folded.fold(self.durations)
+        result = self._replayer.replay(durations)
+        if self.interference is not None:
+            if self._reference is None:
+                self._reference = self._recorded_overlap(result)
+            graph = self._replayer.graph
+            if self._classes is None or len(self._classes.rank) != len(graph.nodes):
+                self._classes = NodeClasses.of(graph)
+            reference = self._reference[self._origin]
+            result = self._settle(result, durations, reference if folded is None else folded.fold(reference))
+        return result if folded is None else folded.unfold(result)
+
+    def _build(self) -> None:
+        """The replayer of the graph as changed, folded onto its median rank if asked and possible."""
+        graph = dataclasses.replace(self.graph, edges=self.edges)
+        folded = median_rank(graph, self._median_rank) if self.fold else None
+        self._replayer = None
+        if folded is not None:
+            try:
+                self._replayer = Replayer(folded.graph)
+            except ReplayError:  # the ranks' orders fold into a cycle
+                folded = None
+        if self.folded != (folded is not None):
+            self._classes = None  # they were the other graph's
+        self._median_rank, self.folded = folded, folded is not None
+        self._replayer = self._replayer or Replayer(graph)
+        self._built_for = self.edges
+
+    def _recorded_overlap(self, result: Replay) -> np.ndarray:
+        """Per node of the recorded graph, its overlap in the recorded configuration's replay
+        (folded like the replays it is compared with); ``result``: the replay just made."""
+        graph = self._recorded_graph
+        unchanged = self.edges is graph.edges and np.array_equal(self.durations, graph.nodes["dur_ns"].to_numpy(np.float64))
+        folded = None if self._median_rank is None else self._median_rank if unchanged else median_rank(graph)
+        if folded is None:
+            recorded = result if unchanged and self._median_rank is None else Replayer(graph).replay()
+            return overlap(NodeClasses.of(graph), recorded.start_ns, recorded.end_ns, recorded.step_ns)
+        recorded = result if unchanged else \
+            Replayer(folded.graph).replay(folded.fold(graph.nodes["dur_ns"].to_numpy(np.float64)))
+        fractions = overlap(NodeClasses.of(folded.graph), recorded.start_ns, recorded.end_ns, recorded.step_ns)
+        return fractions[folded.node_of]
+
+    def _settle(self, result: Replay, durations: np.ndarray, reference: np.ndarray) -> Replay:
+        """The replay with each op re-timed for the overlap it meets (see :meth:`replay`)."""
         factor: np.ndarray | None = None
         for _ in range(INTERFERENCE_ROUNDS):
             found = overlap(self._classes, result.start_ns, result.end_ns, result.step_ns)
@@ -311,7 +358,7 @@ class WhatIf:
             factor = slowdown if factor is None else (factor + slowdown) / 2
             if not self.incremental:
                 self._replayer = Replayer(self._replayer.graph)
-            result = self._replayer.replay(self.durations * factor)
+            result = self._replayer.replay(durations * factor)
         return result
 
     def _collective(self, coll: str, occurrence: int) -> pd.Series:

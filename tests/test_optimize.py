@@ -544,4 +544,4 @@ def test_each_speed_up_trick_can_be_switched_off_and_changes_no_prediction(analy
         pytest.approx({e.strategy.name: e.predicted_step_ms for e in on.evaluated}, rel=1e-9)
     unguided = search(analysis, budget_s=120, tricks=Tricks(guidance=False))
     assert unguided.space >= on.space and not any("left out, communication is exposed" in n for n in unguided.notes)
-    assert report(unguided)["search"]["tricks"] == {"guidance": False, "incremental": True}
+    assert report(unguided)["search"]["tricks"] == {"guidance": False, "incremental": True, "fold": False}

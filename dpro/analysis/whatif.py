@@ -105,13 +105,16 @@ class Change:
     fuse_ops: bool | None = None
 
 
-def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True) -> dict[str, Any]:
+def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True,
+            fold: bool = False) -> dict[str, Any]:
     """The predicted step time of the recorded job under ``change`` (see the module docstring):
     ``baseline_step_ms`` (measured, unprofiled), ``replayed_step_ms`` (the unchanged replay),
     ``predicted_step_ms``, ``unanchored_step_ms``, ``per_rank`` and what the change did.
     ``interference=False`` leaves durations independent of overlap; ``incremental=False``
-    replays the whole graph every time (:class:`~dpro.replayer.whatif.WhatIf`)."""
-    return Prediction.of(analysis, change, interference, incremental).summary
+    replays the whole graph every time; ``fold=True`` replays it folded onto its median rank
+    where the ranks run the same ops (approximate; ``ranks_folded`` says whether it was),
+    :class:`~dpro.replayer.whatif.WhatIf`."""
+    return Prediction.of(analysis, change, interference, incremental, fold).summary
 
 
 @dataclass
@@ -125,7 +128,7 @@ class Prediction:
 
     @classmethod
     def of(cls, analysis: RunAnalysis, change: Change, interference: bool = True,
-           incremental: bool = True) -> "Prediction":
+           incremental: bool = True, fold: bool = False) -> "Prediction":
         """Replay the recorded run with ``change`` made (see :func:`predict`)."""
         graph = analysis.graph
         model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
@@ -134,7 +137,7 @@ class Prediction:
         calibrated = calibrated_link_model(analysis.calibrations, cls_, wires.get(cls_))
         model.update(calibrated)
         slowdown = _interference(analysis) if interference else None
-        w = WhatIf(graph, model, slowdown, incremental)
+        w = WhatIf(graph, model, slowdown, incremental, fold)
         replayed = w.replay().step_ns
         details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
                                    "link_mbit_s": {c: round(rate * 8e3, 1) for c, rate in sorted(wires.items())},
@@ -172,7 +175,7 @@ class Prediction:
         job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms",
                                                         "predicted_step_ms", "unanchored_step_ms")}
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
-                   "per_rank": per_rank}
+                   **({"ranks_folded": w.folded} if fold else {}), "per_rank": per_rank}
         return cls(summary, replace(w.graph, edges=w.edges), result)
 
 

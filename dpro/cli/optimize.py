@@ -23,6 +23,9 @@ SHOWN = 10  # strategies in the table
               help="Search the communication passes even where the critical path exposes no communication.")
 @click.option("--no-incremental-replay", is_flag=True,
               help="Replay the whole step for every prediction (to measure what re-replaying the changed part saves).")
+@click.option("--fold-ranks", is_flag=True,
+              help="Replay each prediction folded onto the median rank: faster with many ranks, approximate "
+                   "(the ranks' skew and stragglers are left out).")
 @click.option("--exact-only", is_flag=True, help="Leave out strategies that change the numerics (compression).")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Write report.md, report.html, report.json, strategy.json (the best) and strategies/*.json here.")
@@ -30,7 +33,7 @@ SHOWN = 10  # strategies in the table
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def optimize(run: Any, budget: float, memory_budget: float | None, no_guidance: bool, no_incremental_replay: bool,
-             exact_only: bool, output: Path | None, force: bool, as_json: bool,
+             fold_ranks: bool, exact_only: bool, output: Path | None, force: bool, as_json: bool,
              scheduler: str | None, workers: int | None) -> None:
     """Search DDP bucket caps, gradient compression, gradients as bucket views and activation
     checkpointing for RUN's job with the cost model; print the strategies, best first, with the
@@ -41,7 +44,7 @@ def optimize(run: Any, budget: float, memory_budget: float | None, no_guidance: 
     if output is not None and not force and any((output / name).exists() for name in ("report.json", "strategy.json")):
         raise click.UsageError(f"{output} already holds a report; --force replaces it")
     analysis = open_analysis(run, scheduler, workers)
-    tricks = Tricks(guidance=not no_guidance, incremental=not no_incremental_replay)
+    tricks = Tricks(guidance=not no_guidance, incremental=not no_incremental_replay, fold=fold_ranks)
     result = search(analysis, budget_s=budget, exact_only=exact_only, memory_budget_gb=memory_budget, tricks=tricks)
     data = report(result)
     if output is not None:
