@@ -71,7 +71,7 @@ class MedianRank:
 
 def median_rank(graph: DataflowGraph, previous: MedianRank | None = None) -> MedianRank | None:
     """``graph`` folded onto its median rank (see the module docstring); None if it has fewer
-    than two ranks or its ranks do not run the same ops in the same order. ``previous``: the
+    than two ranks or its ranks do not run the same ops. ``previous``: the
     fold of a graph with the same nodes (other edges), whose nodes' fold is reused."""
     nodes = graph.nodes
     if previous is not None and previous.source_nodes is nodes:
@@ -145,6 +145,7 @@ def _same_ops(ops: np.ndarray, rank: np.ndarray, ranks: np.ndarray, kind: np.nda
 
 
 def _median_of(members: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row of ``members`` (node ids, -1 for none), the median of ``values`` over its nodes."""
     padded = np.where(members >= 0, values[np.maximum(members, 0)], np.nan)
     return np.nanmedian(padded, axis=1)
 
