@@ -59,11 +59,12 @@ class MedianRank:
         times, each rank with the folded rank's step time, each node bound by its own copy of the
         edge that bound its folded node, and the critical path through the first rank's nodes."""
         n = len(self.node_of)
-        folded_cause = replay.cause_edge[self.node_of]
-        key = np.maximum(folded_cause, 0) * n + np.arange(n)
-        at = np.minimum(np.searchsorted(self.edge_key, key), len(self.edge_key) - 1)
-        found = (folded_cause >= 0) & (self.edge_key[at] == key) if len(self.edge_key) else folded_cause < 0
-        cause = np.where(found, self.edge_id[at] if len(self.edge_id) else -1, -1)
+        cause = np.full(n, -1, np.int64)
+        if len(self.edge_key):
+            folded_cause = replay.cause_edge[self.node_of]
+            key = np.maximum(folded_cause, 0) * n + np.arange(n)
+            at = np.minimum(np.searchsorted(self.edge_key, key), len(self.edge_key) - 1)
+            cause = np.where((folded_cause >= 0) & (self.edge_key[at] == key), self.edge_id[at], -1)
         step = next(iter(replay.step_ns.values()))
         return Replay(replay.start_ns[self.node_of], replay.end_ns[self.node_of], {r: step for r in self.ranks},
                       self.members[replay.critical_path, 0].tolist(), cause)

@@ -321,31 +321,34 @@ class WhatIf:
         """The replayer of the graph as changed, folded onto its median rank if asked and possible."""
         graph = dataclasses.replace(self.graph, edges=self.edges)
         folded = median_rank(graph, self._median_rank) if self.fold else None
-        self._replayer = None
+        replayer = None
         if folded is not None:
             try:
-                self._replayer = Replayer(folded.graph)
+                replayer = Replayer(folded.graph)
             except ReplayError:  # the ranks' orders fold into a cycle
                 folded = None
         if self.folded != (folded is not None):
             self._classes = None  # they were the other graph's
         self._median_rank, self.folded = folded, folded is not None
-        self._replayer = self._replayer or Replayer(graph)
+        self._replayer = replayer or Replayer(graph)
         self._built_for = self.edges
 
     def _recorded_overlap(self, result: Replay) -> np.ndarray:
         """Per node of the recorded graph, its overlap in the recorded configuration's replay
         (folded like the replays it is compared with); ``result``: the replay just made."""
         graph = self._recorded_graph
-        unchanged = self.edges is graph.edges and np.array_equal(self.durations, graph.nodes["dur_ns"].to_numpy(np.float64))
-        folded = None if self._median_rank is None else self._median_rank if unchanged else median_rank(graph)
-        if folded is None:
-            recorded = result if unchanged and self._median_rank is None else Replayer(graph).replay()
-            return overlap(NodeClasses.of(graph), recorded.start_ns, recorded.end_ns, recorded.step_ns)
-        recorded = result if unchanged else \
-            Replayer(folded.graph).replay(folded.fold(graph.nodes["dur_ns"].to_numpy(np.float64)))
-        fractions = overlap(NodeClasses.of(folded.graph), recorded.start_ns, recorded.end_ns, recorded.step_ns)
-        return fractions[folded.node_of]
+        dur = graph.nodes["dur_ns"].to_numpy(np.float64)
+        unchanged = self.edges is graph.edges and np.array_equal(self.durations, dur)
+        folded = self._median_rank if unchanged or not self.folded else median_rank(graph, self._median_rank)
+        if unchanged:
+            recorded = result
+        elif folded is None:
+            recorded = Replayer(graph).replay()
+        else:
+            recorded = Replayer(folded.graph).replay(folded.fold(dur))
+        replayed = graph if folded is None else folded.graph
+        fractions = overlap(NodeClasses.of(replayed), recorded.start_ns, recorded.end_ns, recorded.step_ns)
+        return fractions if folded is None else fractions[folded.node_of]
 
     def _settle(self, result: Replay, durations: np.ndarray, reference: np.ndarray) -> Replay:
         """The replay with each op re-timed for the overlap it meets (see :meth:`replay`)."""

@@ -162,10 +162,11 @@ def fused_kernel_durations(names: np.ndarray, streams: np.ndarray, start: np.nda
 
     previous_stream = None
     for v in order:
-        if streams[v] != previous_stream or not members[v] or heavy_kernel(str(names[v])):
+        fusable = bool(members[v]) and not heavy_kernel(str(names[v]))
+        if streams[v] != previous_stream or not fusable:
             close()
             previous_stream = streams[v]
-        if members[v] and not heavy_kernel(str(names[v])):
+        if fusable:
             chain.append(int(v))
     close()
     return fused
