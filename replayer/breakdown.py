@@ -80,6 +80,12 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
             "nodes": len(path)}
 
 
+def mean_breakdown(graph: DataflowGraph, result: Replay) -> dict[str, float]:
+    """Ms of the critical path's span and of each category, the mean over the ranks."""
+    parts = [breakdown(graph, result, r) for r in sorted(graph.step_ns)]
+    return {c: float(np.mean([p[f"{c}_ms"] for p in parts])) for c in ("span", *CATEGORIES)}
+
+
 def _launch_bound(path: list[int], kinds: np.ndarray, edge_kind: np.ndarray, cause: np.ndarray) -> set[int]:
     """CPU nodes of the path whose following GPU node was bound by a launch from them, and the
     CPU nodes just before them on the path up to the previous GPU node."""

@@ -118,24 +118,28 @@ def _per_connection(samples: pd.DataFrame) -> pd.DataFrame:
     return frame.fillna({"intervals": 0}).astype({"intervals": np.int64}).reset_index()
 
 
-def connection_matrix(rates: pd.DataFrame) -> Probes | None:
-    """Hosts × hosts median sending rate of the connections between them (a peer's host is
-    the node that recorded that address as its own); None with fewer than three hosts."""
+def host_rates(rates: pd.DataFrame) -> tuple[list[str], np.ndarray]:
+    """Hosts and their hosts × hosts median sending rate (bit/s) of the connections between
+    them (a peer's host is the node that recorded that address as its own; NaN: none)."""
     if rates.empty:
-        return None
+        return [], np.empty((0, 0))
     owner = dict(zip(rates["local_ip"], rates["host"]))
     network = rates[~rates["local_ip"].map(lambda a: ip_address(a).is_loopback).astype(bool)]
     network = network.assign(peer_host=network["peer_ip"].map(owner)).dropna(subset=["peer_host"])
     network = network[network["peer_host"] != network["host"]]
     hosts = sorted(set(network["host"]) | set(network["peer_host"]))
-    if len(hosts) < 3:
-        return None
     median = network.groupby(["host", "peer_host"])["rate_bps"].median()
     index = {h: i for i, h in enumerate(hosts)}
     matrix = np.full((len(hosts), len(hosts)), np.nan)
     for (src, dst), rate in median.items():
         matrix[index[src], index[dst]] = rate
-    return from_matrix(matrix, hosts)
+    return hosts, matrix
+
+
+def connection_matrix(rates: pd.DataFrame) -> Probes | None:
+    """:func:`host_rates` as probes; None with fewer than three hosts."""
+    hosts, matrix = host_rates(rates)
+    return from_matrix(matrix, hosts) if len(hosts) >= 3 else None
 
 
 def connection_suspects(run: Run) -> list[Suspect]:

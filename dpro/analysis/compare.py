@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dpro.replayer.breakdown import CATEGORIES, breakdown
-from dpro.replayer.simulate import replay
+from dpro.replayer.breakdown import mean_breakdown
 
 from dpro.analysis.run import RunAnalysis
 
@@ -61,7 +60,4 @@ def _breakdown(analysis: RunAnalysis) -> dict[str, float] | None:
 def critical_path_breakdown(analysis: RunAnalysis) -> dict[str, float]:
     """Mean ms of the critical path's span and of each category
     (:func:`dpro.replayer.breakdown.breakdown`) over the ranks, in the replay of the recorded step."""
-    graph = analysis.graph
-    result = replay(graph)
-    parts = [breakdown(graph, result, r) for r in sorted(graph.step_ns)]
-    return {c: float(np.mean([p[f"{c}_ms"] for p in parts])) for c in ("span", *CATEGORIES)}
+    return mean_breakdown(analysis.graph, analysis.replay())

@@ -43,6 +43,8 @@ sends timed by the link model fitted on the run's calibration
   autograd's time between backward ops) run before it, in the forward ops' place. Ops outside
   the forward and backward passes (the loss, the optimizer) are kept as recorded: the loss's
   share errs low.
+- **op scaling**: the CPU and GPU ops whose name matches a regular expression take that many
+  times as long (a faster kernel, a slower host).
 - **world size**: every collective as its algorithm runs over N ranks (per-rank work fixed),
   over the links of the hosts N ranks need at the recorded ranks per host.
 - **bandwidth scale**: every link that many times as fast. Where the calibration timed the
@@ -63,6 +65,7 @@ The unanchored replay is reported beside it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -103,6 +106,8 @@ class Change:
     recompute_forward: bool | None = None
     accumulate: int | None = None
     fuse_ops: bool | None = None
+    scale_ops: str | None = None  # a regular expression on op names: their ops' durations times op_scale
+    op_scale: float | None = None
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True,
@@ -160,6 +165,8 @@ class Prediction:
             details["recompute"] = _recompute_forward(w)
         if change.accumulate is not None:
             details["accumulation"] = _accumulate(w, analysis, change.accumulate, bool(change.fuse_ops))
+        if change.op_scale is not None:
+            details["scaled_ops"] = _scale_ops(w, change.scale_ops or ".", change.op_scale)
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.bandwidth_scale is not None:
@@ -177,6 +184,16 @@ class Prediction:
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
                    **({"ranks_folded": w.folded} if fold else {}), "per_rank": per_rank}
         return cls(summary, replace(w.graph, edges=w.edges), result)
+
+
+def _scale_ops(w: WhatIf, pattern: str, factor: float) -> int:
+    """The CPU and GPU ops whose name matches ``pattern`` take ``factor`` times as long; how many."""
+    try:
+        ids = np.union1d(w.select(name=pattern, kind="cpu"), w.select(name=pattern, kind="gpu"))
+    except re.error as e:
+        raise WhatIfError(f"bad op name pattern {pattern!r}: {e}") from None
+    w.durations[ids] *= factor
+    return int(len(ids))
 
 
 def _phases(w: WhatIf) -> list[tuple[int, str, np.ndarray, np.ndarray]]:

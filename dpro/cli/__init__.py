@@ -74,6 +74,7 @@ class LazyGroup(click.Group):
     "critical-path": "dpro.cli.replay:critical_path",
     "diagnose": "dpro.cli.diagnose:diagnose",
     "anomaly": "dpro.cli.anomaly:anomaly",
+    "dashboard": "dpro.cli.dashboard:dashboard",
 })
 @click.version_option(__version__, "-V", "--version", prog_name="dpro")
 def main() -> None:

@@ -1,0 +1,157 @@
+"""A run as the dashboard serves it: the run model and what the pages derive from it, computed
+once (at start-up, :meth:`RunView.prepare`) and kept, so that opening a page decodes no trace.
+
+A run that lacks a part still loads: :attr:`RunView.missing` says what is missing (no traces,
+so no timeline, replay or breakdown; no GPU samples; no connection samples...) and each page
+shows it where the part would be.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpro.analysis.run import RunAnalysis
+from dpro.analysis.whatif import Change, Prediction
+from dpro.anomaly.diagnose import diagnose
+from dpro.anomaly.run.connections import connection_rates, host_rates
+from dpro.anomaly.run.nodes import gpu_samples
+from dpro.anomaly.suspects import Suspect
+from dpro.errors import DproError
+from dpro.replayer.breakdown import breakdown
+
+from dpro.dashboard.overlays import collective_links, critical_ops, occurrences
+from dpro.dashboard.timeline import Lanes, build_lanes
+
+__all__ = ["Extras", "RunView"]
+
+PREDICTIONS_KEPT = 32
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What the dashboard shows beside the runs: ``report`` (``dpro optimize -o DIR``'s DIR),
+    pairwise ``probes`` and a fabric ``topology`` (files, as ``dpro diagnose`` takes them)."""
+
+    report: Path | None = None
+    probes: Path | None = None
+    topology: Path | None = None
+
+
+@dataclass
+class RunView:
+    """One run (see the module docstring)."""
+
+    analysis: RunAnalysis
+    extras: Extras = field(default_factory=Extras)
+    missing: list[str] = field(default_factory=list)
+    _predictions: OrderedDict = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _shapes: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.analysis.root.name
+
+    def prepare(self) -> "RunView":
+        """Compute what the pages show (a part that cannot be had is noted in :attr:`missing`)."""
+        if not self.analysis.has_traces:
+            self.missing.append("traces: no rank wrote one (was the profiling window reached?), so there is no "
+                                "timeline, replay, breakdown or what-if")
+        else:
+            try:
+                _ = self.lanes, self.critical, self.occurrence, self.breakdowns
+            except DproError as e:
+                self.missing.append(f"replay: {e}")
+        if self.analysis.step_times.empty:
+            self.missing.append("step times: no rank timed a step")
+        if gpu_samples(self.analysis.run).empty:
+            self.missing.append("GPU samples: none recorded (no GPU, or NVML unavailable)")
+        if self.host_rates[0] == []:
+            self.missing.append("host-to-host rates: the run has no connection samples between hosts")
+        if self.extras.report is None:
+            self.missing.append("optimizer report: none given (dpro optimize RUN -o DIR, then --report DIR)")
+        _ = self.suspects
+        return self
+
+    def label(self, rank: int) -> str:
+        host = self.analysis.hosts.get(rank)
+        return f"rank {rank} ({host})" if host else f"rank {rank}"
+
+    @property
+    def has_replay(self) -> bool:
+        return self.analysis.has_traces and not any(m.startswith("replay:") for m in self.missing)
+
+    @cached_property
+    def lanes(self) -> Lanes:
+        return build_lanes(self.analysis)
+
+    @cached_property
+    def links(self) -> pd.DataFrame:
+        return collective_links(self.analysis, self.lanes)
+
+    @cached_property
+    def critical(self) -> pd.DataFrame:
+        return critical_ops(self.analysis, self.lanes, self.links)
+
+    @cached_property
+    def occurrence(self) -> np.ndarray:
+        return occurrences(self.lanes)
+
+    @property
+    def shapes(self) -> dict:
+        """Each rank's input shapes, filled on the first click that asks (see :mod:`~dpro.dashboard.details`)."""
+        return self._shapes
+
+    @cached_property
+    def breakdowns(self) -> dict[int, dict[str, float]]:
+        """Per rank, ms of each category of its critical path in the replay of the recorded step."""
+        graph, result = self.analysis.graph, self.analysis.replay()
+        return {r: {k[:-3]: v for k, v in breakdown(graph, result, r).items() if k.endswith("_ms")}
+                for r in sorted(graph.step_ns)}
+
+    @cached_property
+    def replayed_step_ms(self) -> dict[int, float]:
+        """The replay's step time per rank (the recorded configuration, unanchored)."""
+        return {int(r): v / 1e6 for r, v in self.analysis.replay().step_ns.items()} if self.has_replay else {}
+
+    def predict(self, change: Change) -> Prediction:
+        """The run's job under ``change`` (the last :data:`PREDICTIONS_KEPT` are kept)."""
+        with self._lock:
+            if change in self._predictions:
+                self._predictions.move_to_end(change)
+                return self._predictions[change]
+        prediction = Prediction.of(self.analysis, change)
+        with self._lock:
+            self._predictions[change] = prediction
+            while len(self._predictions) > PREDICTIONS_KEPT:
+                self._predictions.popitem(last=False)
+        return prediction
+
+    @cached_property
+    def report(self) -> dict[str, Any] | None:
+        """``report.json`` of the optimizer's report given, or None."""
+        if self.extras.report is None:
+            return None
+        path = self.extras.report / "report.json" if self.extras.report.is_dir() else self.extras.report
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise DproError(f"cannot read the optimizer report {path}: {e}") from None
+
+    @cached_property
+    def suspects(self) -> list[Suspect]:
+        return diagnose(self.analysis, self.extras.probes, self.extras.topology)
+
+    @cached_property
+    def host_rates(self) -> tuple[list[str], np.ndarray]:
+        """Hosts and the job's own host-to-host sending rates (bit/s), from its connection samples."""
+        return host_rates(connection_rates(self.analysis.run))
