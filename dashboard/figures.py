@@ -14,6 +14,7 @@ __all__ = ["heatmap_figure", "step_figure", "timeline_figure", "topology_figure"
 
 KIND_COLORS = dict(zip(KINDS, ("#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#e45756", "#b279a2")))
 LANE_PX = 26
+HOVER_NAME_CHARS = 60
 
 
 def step_figure(steps: pd.DataFrame, predicted_ms: dict[int, float], labels: dict[int, str]) -> go.Figure:
@@ -48,9 +49,9 @@ def timeline_figure(lanes: Lanes, view: View, shown: np.ndarray, critical: pd.Da
         kind = KINDS[int(code)]
         ops = group["op"].to_numpy()
         single = ops >= 0
-        text = np.where(single, names[lanes.name[np.where(single, ops, 0)]].astype(str),
+        text = np.where(single, _short(names[lanes.name[np.where(single, ops, 0)]]),
                         group["count"].astype(str).to_numpy() + f" ops, mostly {kind}")
-        text = text + np.char.mod("<br>%.3f ms long", (group["end"] - group["start"]).to_numpy() / 1e6)
+        text = text + np.array([f"<br>{d:.4g} ms long" for d in (group["end"] - group["start"]).to_numpy() / 1e6], object)
         fig.add_trace(go.Bar(
             y=position[group["lane"].to_numpy()], base=group["start"].to_numpy() / 1e6,
             x=(group["end"] - group["start"]).to_numpy() / 1e6, width=np.clip(0.8 - 0.15 * group["depth"].to_numpy(), 0.2, 0.8),
@@ -64,7 +65,7 @@ def timeline_figure(lanes: Lanes, view: View, shown: np.ndarray, critical: pd.Da
             fig.add_trace(go.Bar(y=position[lanes.lane[ops]], base=lanes.start[ops] / 1e6,
                                  x=(lanes.end[ops] - lanes.start[ops]) / 1e6, width=0.9, orientation="h",
                                  name="critical path", marker={"color": "rgba(0,0,0,0)", "line": {"color": "#d62728", "width": 2}},
-                                 customdata=ops.tolist(), hovertext=names[lanes.name[ops]].astype(str),
+                                 customdata=ops.tolist(), hovertext=_short(names[lanes.name[ops]]),
                                  hovertemplate="on the critical path: %{hovertext}<extra></extra>"))
     if links is not None and len(links):
         _add_links(fig, lanes, view, links, position, link_limit)
@@ -80,6 +81,13 @@ def timeline_figure(lanes: Lanes, view: View, shown: np.ndarray, critical: pd.Da
                       legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"}, bargap=0, uirevision="timeline",
                       clickmode="event", hovermode="closest")
     return fig
+
+
+def _short(names: np.ndarray) -> np.ndarray:
+    """Op names cut to :data:`HOVER_NAME_CHARS` for the hover (a click shows the whole name):
+    kernel names run to hundreds of characters and would be most of a view's bytes."""
+    cut = HOVER_NAME_CHARS
+    return np.array([n if len(n) <= cut else n[:cut] + "…" for n in map(str, names)], dtype=object)
 
 
 def _add_links(fig: go.Figure, lanes: Lanes, view: View, links: pd.DataFrame, position: np.ndarray,

@@ -141,7 +141,7 @@ def build_lanes(analysis: RunAnalysis) -> Lanes:
                  steps=step_table, origin_ns=origin, offsets_ns={int(r): int(v) for r, v in offsets.items()})
 
 
-def window(lanes: Lanes, t0: float, t1: float, budget: int = 3000, pixels: int = 1500,
+def window(lanes: Lanes, t0: float, t1: float, budget: int = 2000, pixels: int = 1500,
            shown: np.ndarray | None = None) -> View:
     """The shapes of the window ``[t0, t1]`` (ns from :attr:`Lanes.origin_ns`) on the lanes
     ``shown`` (default: all), at most ``budget`` of them (see the module docstring)."""
