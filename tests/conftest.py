@@ -47,8 +47,15 @@ def recorded_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def browser():
-    """A real headless Chromium driven by Selenium, with the browser console's messages kept."""
+def downloads(tmp_path_factory) -> Path:
+    """Where the browser saves what a page downloads."""
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="session")
+def browser(downloads):
+    """A real headless Chromium driven by Selenium, with the browser console's messages kept
+    and downloads saved in ``downloads``."""
     import os
     import shutil
 
@@ -60,6 +67,7 @@ def browser():
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
     chromedriver = shutil.which("chromedriver")  # Debian's chromium-driver: make setup installs it
     assert chromedriver, "no chromedriver on PATH: install chromium and chromium-driver (make setup does, as root)"
     driver = webdriver.Chrome(service=Service(chromedriver), options=options)

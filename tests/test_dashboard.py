@@ -5,6 +5,7 @@ step, and the browser console stays free of errors. Screenshots are kept in
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -133,6 +134,18 @@ def test_timeline_zooms_and_shows_an_op(browser, dashboard):
     _shot(browser, "timeline-op")
     new_x0, new_x1 = browser.execute_script(x_range)
     assert new_x1 - new_x0 < (x1 - x0) / 10  # the server drew the window asked for
+    assert not _console_errors(browser)
+
+
+def test_the_visible_window_downloads_as_a_chrome_trace(browser, dashboard, downloads):
+    _open(browser, dashboard + "/timeline", "#timeline .barlayer .point")
+    shown = int(re.match(r"([\d,]+) ops", _text(browser, "timeline-status")).group(1).replace(",", ""))
+    browser.find_element(By.ID, "perfetto").click()
+    WebDriverWait(browser, WAIT_S).until(lambda b: list(downloads.glob("*.json")))
+    trace = json.loads(next(downloads.glob("*.json")).read_text())
+    ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(ops) == shown and {e["pid"] for e in ops} == {0, 1}
+    assert "ui.perfetto.dev" in _text(browser, "timeline-status")
     assert not _console_errors(browser)
 
 
