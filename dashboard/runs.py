@@ -16,12 +16,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.whatif import Change, Prediction
 from dpro.anomaly.diagnose import diagnose
+from dpro.anomaly.fabric.probes import Probes, read_probes
+from dpro.anomaly.fabric.topology import read_topology
 from dpro.anomaly.run.connections import connection_rates, host_rates
 from dpro.anomaly.run.nodes import gpu_samples
 from dpro.anomaly.suspects import Suspect
@@ -31,9 +34,10 @@ from dpro.replayer.breakdown import breakdown
 from dpro.dashboard.overlays import collective_links, critical_ops, occurrences
 from dpro.dashboard.timeline import Lanes, build_lanes
 
-__all__ = ["Extras", "RunView"]
+__all__ = ["NO_REPORT", "Extras", "RunView"]
 
 PREDICTIONS_KEPT = 32
+NO_REPORT = "optimizer report: none given (dpro optimize RUN -o DIR, then --report DIR)"
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,10 @@ class RunView:
     analysis: RunAnalysis
     extras: Extras = field(default_factory=Extras)
     missing: list[str] = field(default_factory=list)
+    no_replay: str | None = None  # why there is no timeline, replay or what-if (None: there is)
+    shapes: dict = field(default_factory=dict)  # each rank's input shapes, filled on the first click that asks
     _predictions: OrderedDict = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _shapes: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -64,21 +69,23 @@ class RunView:
     def prepare(self) -> "RunView":
         """Compute what the pages show (a part that cannot be had is noted in :attr:`missing`)."""
         if not self.analysis.has_traces:
-            self.missing.append("traces: no rank wrote one (was the profiling window reached?), so there is no "
-                                "timeline, replay, breakdown or what-if")
+            self.no_replay = ("traces: no rank wrote one (was the profiling window reached?), so there is no "
+                              "timeline, replay, breakdown or what-if")
         else:
             try:
                 _ = self.lanes, self.critical, self.occurrence, self.breakdowns
             except DproError as e:
-                self.missing.append(f"replay: {e}")
+                self.no_replay = f"replay: {e}"
+        if self.no_replay is not None:
+            self.missing.append(self.no_replay)
         if self.analysis.step_times.empty:
             self.missing.append("step times: no rank timed a step")
         if gpu_samples(self.analysis.run).empty:
             self.missing.append("GPU samples: none recorded (no GPU, or NVML unavailable)")
         if self.host_rates[0] == []:
             self.missing.append("host-to-host rates: the run has no connection samples between hosts")
-        if self.extras.report is None:
-            self.missing.append("optimizer report: none given (dpro optimize RUN -o DIR, then --report DIR)")
+        if self.report is None:
+            self.missing.append(NO_REPORT)
         _ = self.suspects
         return self
 
@@ -88,7 +95,7 @@ class RunView:
 
     @property
     def has_replay(self) -> bool:
-        return self.analysis.has_traces and not any(m.startswith("replay:") for m in self.missing)
+        return self.no_replay is None
 
     @cached_property
     def lanes(self) -> Lanes:
@@ -105,11 +112,6 @@ class RunView:
     @cached_property
     def occurrence(self) -> np.ndarray:
         return occurrences(self.lanes)
-
-    @property
-    def shapes(self) -> dict:
-        """Each rank's input shapes, filled on the first click that asks (see :mod:`~dpro.dashboard.details`)."""
-        return self._shapes
 
     @cached_property
     def breakdowns(self) -> dict[int, dict[str, float]]:
@@ -148,8 +150,18 @@ class RunView:
             raise DproError(f"cannot read the optimizer report {path}: {e}") from None
 
     @cached_property
+    def probes(self) -> Probes | None:
+        """The pairwise probes given, read once."""
+        return None if self.extras.probes is None else read_probes(self.extras.probes)
+
+    @cached_property
+    def topology(self) -> nx.MultiGraph | None:
+        """The fabric topology given, read once."""
+        return None if self.extras.topology is None else read_topology(self.extras.topology)
+
+    @cached_property
     def suspects(self) -> list[Suspect]:
-        return diagnose(self.analysis, self.extras.probes, self.extras.topology)
+        return diagnose(self.analysis, self.probes, self.topology)
 
     @cached_property
     def host_rates(self) -> tuple[list[str], np.ndarray]:

@@ -19,7 +19,7 @@ maximum of the ends, so a view costs its visible ops, not the run's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -68,7 +68,6 @@ class Lanes:
     row: np.ndarray
     steps: pd.DataFrame
     origin_ns: int
-    offsets_ns: dict[int, int] = field(default_factory=dict)
 
     @property
     def end_ns(self) -> int:
@@ -138,7 +137,7 @@ def build_lanes(analysis: RunAnalysis) -> Lanes:
                  reach=reach, kind=ops["kind"].to_numpy(np.int8)[order], depth=depth, name=codes.astype(np.int32),
                  names=np.asarray(names, object), rank=ops["rank"].to_numpy(np.int32)[order],
                  step=ops["step"].to_numpy(np.int32)[order], row=ops["row"].to_numpy(np.int64)[order],
-                 steps=step_table, origin_ns=origin, offsets_ns={int(r): int(v) for r, v in offsets.items()})
+                 steps=step_table, origin_ns=origin)
 
 
 def window(lanes: Lanes, t0: float, t1: float, budget: int = 2000, pixels: int = 1500,

@@ -7,8 +7,7 @@ from typing import Any
 
 from dash import html
 
-from dpro.anomaly.fabric.probes import read_probes, to_matrix
-from dpro.anomaly.fabric.topology import read_topology
+from dpro.anomaly.fabric.probes import to_matrix
 
 from dpro.dashboard.figures import heatmap_figure, topology_figure
 from dpro.dashboard.pages.common import figure, missing, table
@@ -32,15 +31,14 @@ def layout(view: RunView, views: list[RunView]) -> Any:
                                                                              "rate between hosts", "Mb/s")))
     else:
         parts.append(missing("host-to-host rates: the run has no connection samples between two or more hosts"))
-    extras = view.extras
-    if extras.probes is not None:
-        probes = read_probes(extras.probes)
+    probes = view.probes
+    if probes is not None:
         parts.append(figure("probe-matrix", heatmap_figure(probes.hosts, to_matrix(probes), "Pairwise probes",
                                                            "bandwidth" if probes.higher_is_better else "latency")))
-    if extras.topology is not None:
+    if view.topology is not None:
         links = {frozenset(s.evidence["ends"]) for s in suspects if s.kind == "link" and "ends" in s.evidence}
         nodes = {s.name for s in suspects if s.kind in ("host", "nic", "switch")}
-        parts.append(figure("topology", topology_figure(read_topology(extras.topology), links, nodes)))
+        parts.append(figure("topology", topology_figure(view.topology, links, nodes)))
     else:
         parts.append(missing("topology: none given (dpro dashboard RUN --topology FILE)"))
     return html.Div(parts)

@@ -24,7 +24,7 @@ OVERLAYS = ["critical path", "collective links"]
 
 def layout(view: RunView, views: list[RunView]) -> Any:
     if not view.has_replay:
-        return html.Div([html.H2(f"Timeline: {view.name}")] + [missing(m) for m in view.missing])
+        return html.Div([html.H2(f"Timeline: {view.name}"), missing(view.no_replay)])
     lanes = view.lanes
     ranks = sorted(set(lanes.lane_rank.tolist()))
     shown = ranks[:RANKS_SHOWN]

@@ -14,7 +14,7 @@ from dpro.errors import DproError
 from dpro.optimizer.report_html import breakdown_figure, step_timeline_figure
 
 from dpro.dashboard.pages.common import figure, missing, table
-from dpro.dashboard.runs import RunView
+from dpro.dashboard.runs import NO_REPORT, RunView
 
 __all__ = ["layout", "register"]
 
@@ -25,7 +25,7 @@ COMPRESSIONS = ["fp16", "bf16", "powersgd:1", "powersgd:4"]
 def layout(view: RunView, views: list[RunView]) -> Any:
     parts: list[Any] = [html.H2(f"What-if: {view.name}")]
     if not view.has_replay:
-        parts += [missing(m) for m in view.missing if m.startswith(("traces", "replay"))]
+        parts.append(missing(view.no_replay))
     else:
         parts += [_controls(view), dcc.Loading(html.Div(id="whatif-result"))]
     parts += [html.H2("Optimizer report"), _report(view)]
@@ -116,7 +116,7 @@ def register(app: Any, views: list[RunView]) -> None:
 def _report(view: RunView) -> Any:
     report = view.report
     if report is None:
-        return missing(next(m for m in view.missing if m.startswith("optimizer report")))
+        return missing(NO_REPORT)
     rows = [[s["name"], s["predicted_step_ms"], f"{s['predicted_speedup']:.2f}×", "yes" if s["lossy"] else "",
              html.Pre(s["change"], style={"margin": 0, "whiteSpace": "pre-wrap"})] for s in report["strategies"]]
     return html.Div([html.P(f"Baseline {report['baseline_step_ms']:.2f} ms per step; best first."),
