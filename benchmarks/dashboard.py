@@ -20,9 +20,6 @@ listens: that start-up is timed apart); a real headless Chromium opens it:
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +28,7 @@ import time
 from pathlib import Path
 
 from dpro.cli.options import table
+from dpro.testing.browser import headless_chromium, start_dashboard
 
 from benchmarks.synthetic_runs import make_run
 
@@ -49,17 +47,11 @@ def run(quick: bool = False) -> list[dict]:
         print(f"dashboard: writing a {RANKS}-rank run", file=sys.stderr, flush=True)
         run_dir = make_run(Path(folder) / "run", RANKS)
         _warm(run_dir)
-        port = _free_port()
         started = time.perf_counter()
-        server = subprocess.Popen([sys.executable, "-m", "dpro", "dashboard", str(run_dir), "--port", str(port)],
-                                  stderr=subprocess.PIPE, text=True)
+        server, url = start_dashboard(str(run_dir))
         try:
-            for line in server.stderr:
-                if line.startswith("dpro dashboard: http://"):
-                    break
-            _wait_for(port)
             startup_s = time.perf_counter() - started
-            paints, zooms, sent = _measure(f"http://127.0.0.1:{port}", repeats)
+            paints, zooms, sent = _measure(url, repeats)
         finally:
             server.terminate()
             server.wait(timeout=60)
@@ -75,7 +67,7 @@ def _warm(run_dir: Path) -> None:
 def _measure(url: str, repeats: int) -> tuple[list[float], dict[str, list[float]], list[dict]]:
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = _browser()
+    browser = headless_chromium()
     try:
         paints = []
         for _ in range(repeats):
@@ -146,31 +138,6 @@ def _report(startup_s: float, paints: list[float], zooms: dict[str, list[float]]
                      "(baseline: every op in view)", "dpro": s["bytes"], "baseline": every,
                      "ratio": s["bytes"] / every if every else float("nan"), "goal": "(measured, no goal)", "met": True})
     return rows
-
-
-def _browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_AVOID_STATS"] = "true"
-    options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(port: int) -> None:
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
 
 
 def _spread(values: list[float]) -> str:

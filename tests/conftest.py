@@ -56,20 +56,8 @@ def downloads(tmp_path_factory) -> Path:
 def browser(downloads):
     """A real headless Chromium driven by Selenium, with the browser console's messages kept
     and downloads saved in ``downloads``."""
-    import os
-    import shutil
+    from dpro.testing.browser import headless_chromium
 
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_AVOID_STATS"] = "true"  # Selenium Manager: no statistics, no driver download
-    options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
-    chromedriver = shutil.which("chromedriver")  # Debian's chromium-driver: make setup installs it
-    assert chromedriver, "no chromedriver on PATH: install chromium and chromium-driver (make setup does, as root)"
-    driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    driver = headless_chromium(downloads)
     yield driver
     driver.quit()

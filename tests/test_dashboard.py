@@ -8,63 +8,41 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from dpro.testing.browser import free_port, start_dashboard
 from tests.conftest import ROOT, assert_one_line_error, dpro
 
 ARTIFACTS = Path(os.environ.get("DPRO_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"
 WAIT_S = 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dashboard(recorded_run):
     """``dpro dashboard RUN RUN`` (the run twice: the compare view has a second run) on a free
     local port; its URL."""
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "dpro", "dashboard", str(recorded_run), str(recorded_run),
-                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
-    try:
-        for line in server.stderr:
-            if line.startswith("dpro dashboard: http://"):
-                break
-        else:
-            pytest.fail(f"the dashboard exited with {server.wait()}")
-        url = f"http://127.0.0.1:{port}"
-        _wait_for_port(port)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    server, url = start_dashboard(str(recorded_run), str(recorded_run))
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
 
 
-def _wait_for_port(port: int) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    pytest.fail("the dashboard never listened")
+def _wait(browser) -> WebDriverWait:
+    """A wait that polls through re-renders: Dash replaces elements, so one just found can be stale."""
+    return WebDriverWait(browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def _open(browser, url: str, ready_css: str):
     browser.get(url)
-    WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.CSS_SELECTOR, ready_css))
+    _wait(browser).until(lambda b: b.find_elements(By.CSS_SELECTOR, ready_css))
     return browser
 
 
@@ -104,7 +82,7 @@ def test_timeline_zooms_and_shows_an_op(browser, dashboard):
     plot = browser.find_element(By.CSS_SELECTOR, "#timeline .nsewdrag")
     width = plot.size["width"]
     ActionChains(browser).move_to_element(plot).click_and_hold().move_by_offset(width // 20, 0).release().perform()
-    WebDriverWait(browser, WAIT_S).until(lambda b: _text(b, "timeline-status") != before)
+    _wait(browser).until(lambda b: _text(b, "timeline-status") != before)
     after = _text(browser, "timeline-status")
     ops_before, ops_after = (int(re.match(r"([\d,]+) ops", t).group(1).replace(",", "")) for t in (before, after))
     assert ops_after < ops_before
@@ -113,7 +91,7 @@ def test_timeline_zooms_and_shows_an_op(browser, dashboard):
     while "every op shown" not in _text(browser, "timeline-status"):
         status = _text(browser, "timeline-status")
         ActionChains(browser).move_to_element(plot).click_and_hold().move_by_offset(width // 20, 0).release().perform()
-        WebDriverWait(browser, WAIT_S).until(lambda b: _text(b, "timeline-status") != status)
+        _wait(browser).until(lambda b: _text(b, "timeline-status") != status)
     area = plot.rect
     spans = []  # each bar's visible stretch: (left, right, middle height)
     for bar in browser.find_elements(By.CSS_SELECTOR, "#timeline .barlayer .point path"):
@@ -127,7 +105,7 @@ def test_timeline_zooms_and_shows_an_op(browser, dashboard):
     ActionChains(browser).move_to_element_with_offset(plot, (left + right) / 2 - area["x"] - area["width"] / 2,
                                                       y - area["y"] - area["height"] / 2) \
         .pause(0.3).move_by_offset(1, 0).pause(0.3).click().perform()
-    WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "op-title"))
+    _wait(browser).until(lambda b: b.find_elements(By.ID, "op-title"))
     details = _text(browser, "op-table")
     assert "duration (ms)" in details and "critical path" in details and "input shapes" in details
     assert browser.find_elements(By.CSS_SELECTOR, "#op-steps tbody tr")  # the op in each profiled step
@@ -141,7 +119,7 @@ def test_the_visible_window_downloads_as_a_chrome_trace(browser, dashboard, down
     _open(browser, dashboard + "/timeline", "#timeline .barlayer .point")
     shown = int(re.match(r"([\d,]+) ops", _text(browser, "timeline-status")).group(1).replace(",", ""))
     browser.find_element(By.ID, "perfetto").click()
-    WebDriverWait(browser, WAIT_S).until(lambda b: list(downloads.glob("*.json")))
+    _wait(browser).until(lambda b: list(downloads.glob("*.json")))
     trace = json.loads(next(downloads.glob("*.json")).read_text())
     ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(ops) == shown and {e["pid"] for e in ops} == {0, 1}
@@ -156,12 +134,12 @@ def test_whatif_change_moves_the_predicted_step(browser, dashboard):
     marks = browser.find_elements(By.CSS_SELECTOR, "#whatif-scale .dash-slider-mark")
     quarter = next(m for m in marks if m.text == "0.25×")
     ActionChains(browser).move_to_element(quarter).click().perform()  # every op (no pattern) 4 times as fast
-    WebDriverWait(browser, WAIT_S).until(lambda b: _predicted(b) not in (None, recorded), _text(browser, "page"))
+    _wait(browser).until(lambda b: _predicted(b) not in (None, recorded), _text(browser, "page"))
     faster = float(re.search(r"Predicted step: ([\d.]+) ms", _predicted(browser)).group(1))
     assert faster < float(re.search(r"Predicted step: ([\d.]+) ms", recorded).group(1))
     assert browser.find_elements(By.CSS_SELECTOR, "#whatif-timeline .main-svg")
     assert "Missing: optimizer report" in _text(browser, "page")
-    WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "compare-table"))
+    _wait(browser).until(lambda b: b.find_elements(By.ID, "compare-table"))
     assert "1.00×" in _text(browser, "compare-table")  # the run against itself
     _shot(browser, "whatif")
     assert not _console_errors(browser)
@@ -187,9 +165,8 @@ def test_a_missing_run_is_a_one_line_error(tmp_path):
 
 
 def test_binding_beyond_loopback_warns(recorded_run):
-    port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "dpro", "dashboard", str(recorded_run), "--host", "0.0.0.0",
-                               "--port", str(port)], stderr=subprocess.PIPE, text=True)
+                               "--port", str(free_port())], stderr=subprocess.PIPE, text=True)
     try:
         first = server.stderr.readline()
         assert first.startswith("Warning: listening on 0.0.0.0")
