@@ -120,11 +120,24 @@ def heatmap_figure(hosts: list[str], matrix: np.ndarray, title: str, unit: str) 
     return fig
 
 
+def _tiered_layout(topology: Any) -> dict[Any, Any]:
+    """Positions in rows by tier: hosts at the bottom, then NICs, then each switch by its hop
+    count from the nearest host (leaves, then spines...)."""
+    import networkx as nx
+
+    hosts = [n for n, kind in topology.nodes(data="kind") if kind == "host"]
+    hops = nx.multi_source_dijkstra_path_length(topology, hosts) if hosts else {}
+    graph = nx.Graph()
+    for node in topology:
+        graph.add_node(node, tier=hops.get(node, 0))
+    return nx.multipartite_layout(graph, subset_key="tier", align="horizontal")
+
+
 def topology_figure(topology: Any, suspect_links: set[frozenset[str]], suspect_nodes: set[str]) -> go.Figure:
     """The fabric's switches and hosts, suspect links in red (thick) and suspect nodes marked."""
     import networkx as nx
 
-    layout = nx.kamada_kawai_layout(nx.Graph(topology)) if len(topology) > 1 else {n: (0.0, 0.0) for n in topology}
+    layout = _tiered_layout(topology)
     fig = go.Figure()
     for bad in (False, True):
         xs: list[Any] = []

@@ -160,6 +160,51 @@ def test_diagnosis_lists_suspects_or_says_nothing_stands_out(browser, dashboard)
     assert not _console_errors(browser)
 
 
+@pytest.fixture(scope="module")
+def dashboard_with_extras(recorded_run, tmp_path_factory):
+    """``dpro dashboard RUN --report DIR --probes F --topology F``: the run's optimizer report, and
+    probes and a leaf-spine topology of six hosts (the run's host and five others) in which
+    ``node3``'s probes are a tenth of the others'."""
+    extras = tmp_path_factory.mktemp("extras")
+    optimized = dpro("optimize", recorded_run, "-o", extras / "report", "--budget", "60")
+    assert optimized.returncode == 0, optimized.stderr
+    host = json.loads((recorded_run / "ranks" / "0" / "meta.json").read_text())["host"]
+    hosts = [host] + [f"node{i}" for i in range(1, 6)]
+    bandwidth = [[None if a == b else (1.0 if "node3" in (a, b) else 10.0) for b in hosts] for a in hosts]
+    (extras / "probes.json").write_text(json.dumps({"hosts": hosts, "bandwidth": bandwidth}))
+    access = [[h, "leaf0" if i < 3 else "leaf1"] for i, h in enumerate(hosts)]
+    (extras / "topology.yaml").write_text(json.dumps({
+        "switches": ["leaf0", "leaf1", "spine0"], "hosts": {h: [] for h in hosts},
+        "links": access + [["leaf0", "spine0"], ["leaf1", "spine0"]]}))
+    server, url = start_dashboard(str(recorded_run), "--report", str(extras / "report"),
+                                  "--probes", str(extras / "probes.json"), "--topology", str(extras / "topology.yaml"))
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def test_the_optimizer_report_is_shown_with_its_strategies(browser, dashboard_with_extras):
+    _open(browser, dashboard_with_extras + "/whatif", "#report-table")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#report-table tbody tr")
+    assert rows and "Missing: optimizer report" not in _text(browser, "page")
+    assert re.search(r"Baseline [\d.]+ ms per step", _text(browser, "page"))
+    _shot(browser, "whatif-report")
+    assert not _console_errors(browser)
+
+
+def test_diagnosis_draws_the_probes_and_marks_the_suspect_on_the_topology(browser, dashboard_with_extras):
+    _open(browser, dashboard_with_extras + "/diagnosis", "#topology .main-svg")
+    assert browser.find_elements(By.CSS_SELECTOR, "#probe-matrix .main-svg")
+    assert "node3/nic0" in _text(browser, "suspects")  # tomography names node3's NIC
+    colors = browser.execute_script(
+        "return document.querySelector('#topology .js-plotly-plot').data.at(-1).marker.color")
+    names = browser.execute_script("return document.querySelector('#topology .js-plotly-plot').data.at(-1).text")
+    marked = {n for n, c in zip(names, colors) if c == "#d62728"}
+    assert marked and all("node3" in n or n.startswith("leaf1") for n in marked), marked
+    _shot(browser, "diagnosis-probes")
+    assert not _console_errors(browser)
+
+
 def test_a_missing_run_is_a_one_line_error(tmp_path):
     assert_one_line_error(dpro("dashboard", tmp_path / "nope"), "nope")
 
