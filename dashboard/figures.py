@@ -135,8 +135,6 @@ def _tiered_layout(topology: Any) -> dict[Any, Any]:
 
 def topology_figure(topology: Any, suspect_links: set[frozenset[str]], suspect_nodes: set[str]) -> go.Figure:
     """The fabric's switches and hosts, suspect links in red (thick) and suspect nodes marked."""
-    import networkx as nx
-
     layout = _tiered_layout(topology)
     fig = go.Figure()
     for bad in (False, True):
