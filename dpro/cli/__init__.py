@@ -75,6 +75,7 @@ class LazyGroup(click.Group):
     "diagnose": "dpro.cli.diagnose:diagnose",
     "anomaly": "dpro.cli.anomaly:anomaly",
     "dashboard": "dpro.cli.dashboard:dashboard",
+    "health": "dpro.cli.health:health",
 })
 @click.version_option(__version__, "-V", "--version", prog_name="dpro")
 def main() -> None:

@@ -1,0 +1,43 @@
+"""From the pairwise matrix to verdicts: each host's median sending and receiving rate (a
+``pairwise`` check, which the rules compare with its baseline), and the suspects the matrix
+points at — hosts from the matrix alone, or NICs, links and switches by tomography when the
+topology is known (any equal-cost path: the prober cannot see ECMP's choice)."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+
+from dpro.anomaly.fabric import probes as probe_analysis
+from dpro.anomaly.fabric import tomography
+from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.suspects import Suspect
+
+from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
+
+__all__ = ["judge_network"]
+
+
+def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph | None) -> list[Suspect]:
+    """Add each host's ``pairwise`` check and the fabric's suspects to ``report``; the suspects,
+    most likely first."""
+    for i, host in enumerate(probes.hosts):
+        sent, received = probes.value[probes.src == i], probes.value[probes.dst == i]
+        report.node(host).checks.append(Check("pairwise", metrics=[
+            Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
+            Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))}))
+    suspects = tomography.localize(topology, probes, ecmp="all") if topology is not None else \
+        probe_analysis.analyze(probes)
+    job_checks: dict[str, Check] = {}
+    for suspect in suspects:
+        reason = f"the pairwise matrix points at {suspect.kind} {suspect.name}"
+        if suspect.kind in ("host", "nic") and suspect.host in probes.hosts:
+            check = next(c for c in report.node(suspect.host).checks if c.name == "pairwise")
+        else:
+            check = job_checks.setdefault("fabric", Check("fabric"))
+        check.evidence.setdefault("suspects", []).append({"kind": suspect.kind, "name": suspect.name,
+                                                          "score": round(float(suspect.score), 3)})
+        check.escalate("warn", reason)
+    if job_checks or topology is not None:
+        report.node(JOB).checks.append(job_checks.get("fabric", Check("fabric", message="no link or switch stands out")))
+    return suspects

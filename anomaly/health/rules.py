@@ -1,0 +1,94 @@
+"""Rules in the manner of SuperBench: each measured value against a baseline, each verdict with
+its evidence.
+
+The baseline of a metric (``check/metric`` on a host) is the baseline file's value when it has
+one, else learned from the history: the median of the same host's values in the last
+``rules.nights`` runs, after dropping outliers (more than 3.5 robust standard deviations from
+the median, the robust deviation being 1.4826 × the median absolute deviation), given at least
+``rules.min_nights`` of them. A value worse than its baseline by ``degraded_pct`` or more — and,
+for a learned baseline, by more than three robust deviations of the history, so that a metric
+that is noisy night to night is not flagged for its noise — degrades the check; by
+``failed_pct`` or more, fails it. Counts (errors, events) are judged by their own checks, not
+against a baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpro.anomaly.health.config import HealthConfig, Rules
+from dpro.anomaly.health.model import HealthReport, Metric
+
+__all__ = ["Baseline", "apply_rules", "judge", "learned"]
+
+OUTLIER_Z = 3.5
+NOISE_SIGMAS = 3.0
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """An expected value, its robust spread (0 when given, not learned) and where it came from."""
+
+    value: float
+    spread: float
+    source: str
+
+
+def learned(history: Sequence[float], rules: Rules) -> Baseline | None:
+    """The baseline learned from earlier values (module docstring), or None with too few."""
+    values = np.asarray([v for v in history if np.isfinite(v)], np.float64)
+    if len(values) < rules.min_nights:
+        return None
+    median = float(np.median(values))
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(values - median)))
+    if sigma > 0:
+        values = values[np.abs(values - median) <= OUTLIER_Z * sigma]
+        median = float(np.median(values))
+        sigma = MAD_TO_SIGMA * float(np.median(np.abs(values - median)))
+    return Baseline(median, sigma, f"median of {len(values)} earlier runs")
+
+
+def judge(metric: Metric, baseline: Baseline, rules: Rules) -> tuple[str, float]:
+    """``(status, worse)``: pass, warn or fail, and how much worse than the baseline the value is
+    (a fraction of it, negative when better)."""
+    if baseline.value == 0:
+        return "pass", 0.0
+    worse = (baseline.value - metric.value) / abs(baseline.value)
+    if not metric.higher_is_better:
+        worse = -worse
+    beyond_noise = worse * abs(baseline.value) > NOISE_SIGMAS * baseline.spread
+    if worse * 100 >= rules.failed_pct and beyond_noise:
+        return "fail", worse
+    if worse * 100 >= rules.degraded_pct and beyond_noise:
+        return "warn", worse
+    return "pass", worse
+
+
+def apply_rules(report: HealthReport, config: HealthConfig,
+                history: Callable[[str, str], list[float]] | None = None) -> None:
+    """Compare every comparable metric of ``report`` with its baseline, set ``Metric.baseline``
+    and raise the checks' statuses with the reason. ``history(host, key)``: earlier values of
+    ``key`` (``check/metric``) on ``host``, newest first."""
+    for node in report.nodes:
+        for check in node.checks:
+            for metric in check.metrics:
+                if metric.higher_is_better is None or metric.unit == "count":
+                    continue
+                key = f"{check.name}/{metric.name}"
+                expected = config.expected(node.host, key)
+                baseline = Baseline(expected, 0.0, "baseline file") if expected is not None else \
+                    learned(history(node.host, key)[:config.rules.nights], config.rules) if history else None
+                if baseline is None:
+                    continue
+                metric.baseline = baseline.value
+                status, worse = judge(metric, baseline, config.rules)
+                if status != "pass":
+                    check.evidence.setdefault("regressions", {})[metric.name] = {
+                        "value": round(metric.value, 4), "baseline": round(baseline.value, 4),
+                        "worse_pct": round(worse * 100, 1), "baseline_from": baseline.source}
+                    check.escalate(status, f"{metric.name} {metric.value:.4g} {metric.unit} is {worse:.0%} worse "
+                                           f"than its baseline {baseline.value:.4g} ({baseline.source})")

@@ -1,0 +1,237 @@
+"""``dpro health``: the nightly cluster health check, its history, and a node-problem-detector
+mode. Exit codes: 0 healthy, 1 degraded, 2 failed, 3 could not run (any error, bad options
+included, so that a wrapper never mistakes an error for a verdict)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dpro.cli import CONTEXT
+from dpro.errors import DproError
+
+COULD_NOT_RUN = 3
+NPD_OK, NPD_NONOK, NPD_UNKNOWN = 0, 1, 2  # node-problem-detector's custom plugin exit codes
+NPD_MAX_CHARS = 80
+LOCAL_GRACE_S = 30.0  # without a launcher: how long the other ranks may outlive rank 0 (or a failed rank)  # node-problem-detector's default max_output_length
+
+
+class CouldNotRun(click.ClickException):
+    """A one-line error with exit code 3."""
+
+    exit_code = COULD_NOT_RUN
+
+
+class HealthGroup(click.Group):
+    """Every error of ``dpro health`` and its subcommands, options included, exits with 3."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            raise CouldNotRun(f"{e.format_message()} (see 'dpro health --help')") from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            raise CouldNotRun(f"{e.format_message()} (see 'dpro health --help')") from None
+        except DproError as e:
+            raise CouldNotRun(str(e)) from None
+        except OSError as e:
+            raise CouldNotRun(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
+        except click.ClickException as e:
+            if isinstance(e, CouldNotRun) or e.exit_code == 0:
+                raise
+            raise CouldNotRun(e.format_message()) from None
+
+
+DB_HELP = "History database: any SQLAlchemy URL (default $DPRO_HEALTH_DB, else sqlite:///~/.local/share/dpro/health.db)."
+
+
+@click.group("health", cls=HealthGroup, invoke_without_command=True, context_settings=CONTEXT)
+@click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for health.json, health.md and health.html (default: dpro-health-<time>).")
+@click.option("--db", help=DB_HELP)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="health.yaml: sizes, thresholds, a baseline file, a topology.")
+@click.option("--nproc", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Without a launcher: how many local processes to start.")
+@click.option("--npd", is_flag=True, help="node-problem-detector mode: this node's GPU and NIC checks and its verdict "
+              "in the newest run in the history, as one line; exit 0 OK, 1 problem, 2 unknown.")
+@click.pass_context
+def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Path | None, nproc: int,
+           npd: bool) -> None:
+    """Check this cluster's GPUs, NICs, collectives and host-to-host bandwidth, judge them
+    against baselines, keep the run in the history and write the reports.
+
+    \b
+    Run on every node as a job:  torchrun --nnodes N --nproc-per-node 1 ... --no-python dpro health
+                                 srun --ntasks-per-node 1 dpro health   (MASTER_ADDR, MASTER_PORT exported)
+    or alone on one machine:     dpro health   (starts --nproc local processes)
+    Exit code: 0 healthy, 1 degraded, 2 failed, 3 could not run.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from dpro.anomaly.health.config import load_config
+    from dpro.anomaly.health.job import launcher_env
+
+    config = load_config(config_path)
+    if npd:
+        ctx.exit(_node_problem(db))
+    if launcher_env() is None:
+        _preflight(out, db)  # the children would each fail alike, and later
+        ctx.exit(_run_locally(nproc))
+    ctx.exit(_run_as_rank(config, out, db))
+
+
+def _preflight(out: Path | None, db: str | None) -> None:
+    """Fail before any rank starts when the report could not be written or the history opened."""
+    from dpro.anomaly.health.history import History
+    from dpro.anomaly.health.report import FILES
+
+    taken = [f for f in FILES if out is not None and (out / f).exists()]
+    if taken:
+        raise CouldNotRun(f"{out / taken[0]} exists and is not overwritten: choose another -o")
+    History.open(db).engine.dispose()
+
+
+def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
+    from dpro.anomaly.health.history import History
+    from dpro.anomaly.health.job import launcher_env, run_rank
+    from dpro.anomaly.health.report import FILES, summary, write_reports
+
+    rank = int(launcher_env()["RANK"])
+    history = None
+    if rank == 0:  # fail before the job starts, not after it ran (the others then fail to join)
+        out = out or Path(f"dpro-health-{time.strftime('%Y%m%d-%H%M%S')}")
+        taken = [f for f in FILES if (out / f).exists()]
+        if taken:
+            raise CouldNotRun(f"{out / taken[0]} exists and is not overwritten: choose another -o")
+        history = History.open(db)
+    try:
+        report, code = run_rank(config, history.values if history else None)
+        if report is None:
+            return code
+        paths = write_reports(report, out)
+        run_id = history.add(report)
+    finally:
+        if history is not None:
+            history.engine.dispose()
+    click.echo(f"dpro health: {summary(report)}")
+    click.echo(f"report: {paths['markdown']}, {paths['json']}, {paths['html']}; history run {run_id}", err=True)
+    return code
+
+
+def _run_locally(nproc: int) -> int:
+    """Start ``nproc`` processes of this very command as ranks of a local job; rank 0's exit code."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "dpro", "health", *sys.argv[2:]], env=env))
+    try:
+        while procs[0].poll() is None and all(p.poll() in (None, 0, 1, 2) for p in procs):
+            time.sleep(0.1)
+        deadline = time.monotonic() + LOCAL_GRACE_S  # the others finish with rank 0, or are stopped
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    return codes[0] if all(c in (0, 1, 2) for c in codes) else COULD_NOT_RUN
+
+
+def _node_problem(db: str | None) -> int:
+    """node-problem-detector's custom plugin protocol: one line, exit 0 OK, 1 NonOK, 2 Unknown."""
+    from dpro.anomaly.health.gpu import GpuWatch
+    from dpro.anomaly.health.history import History
+    from dpro.anomaly.health.model import Node
+    from dpro.anomaly.health.nic import NicWatch
+
+    try:
+        gpus, nics = GpuWatch(), NicWatch()
+        gpus.start()
+        nics.start()
+        node = Node(socket.gethostname(), gpus.finish() + nics.finish())
+        last = None
+        if db or Path(_default_db_file()).exists():
+            with History.open(db, upgrade=False) as history:
+                last = history.last_verdict(node.host)
+    except Exception as e:  # noqa: BLE001 -- the protocol: any failure is "unknown", said in the line
+        click.echo(f"unknown: {type(e).__name__}: {e}"[:NPD_MAX_CHARS])
+        return NPD_UNKNOWN
+    bad = [c for c in node.checks if c.status in ("warn", "fail")]
+    nightly_bad = last is not None and last[0] != "healthy"
+    if not bad and not nightly_bad:
+        tail = f"; nightly {last[1][:10]} healthy" if last else ""
+        click.echo(f"healthy: {sum(c.status == 'pass' for c in node.checks)} checks passed{tail}"[:NPD_MAX_CHARS])
+        return NPD_OK
+    parts = [f"{c.name}: {c.message}" for c in bad] + ([f"nightly {last[1][:10]}: {last[0]}"] if nightly_bad else [])
+    click.echo(f"{node.verdict if bad else last[0]}: {'; '.join(parts)}"[:NPD_MAX_CHARS])
+    return NPD_NONOK
+
+
+def _default_db_file() -> str:
+    from dpro.anomaly.health.history import DEFAULT_DB
+
+    return os.environ.get("DPRO_HEALTH_DB", "").removeprefix("sqlite:///") or str(DEFAULT_DB.expanduser())
+
+
+@health.command("history")
+@click.option("--db", help=DB_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--nights", default=14, show_default=True, type=click.IntRange(2, 1000),
+              help="How many runs to look back over (the newest and the ones before it).")
+@click.option("--host", help="Only this host.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="health.yaml whose rules flag regressions.")
+def history_command(db: str | None, as_json: bool, nights: int, host: str | None, config_path: Path | None) -> None:
+    """Trends per node over the last nights, regressions against earlier nights flagged.
+    Exit code 1 when the newest run regressed, 0 when not."""
+    from dpro.anomaly.health.config import load_config
+    from dpro.anomaly.health.history import History
+    from dpro.anomaly.health.trends import trends
+
+    rules = load_config(config_path).rules
+    with History.open(db) as history:
+        found = trends(history.runs(nights), rules, host)
+    if as_json:
+        click.echo(json.dumps(found, indent=1))
+    else:
+        _print_trends(found)
+    sys.exit(1 if found["regressions"] else 0)
+
+
+def _print_trends(found: dict[str, Any]) -> None:
+    runs = found["runs"]
+    if not runs:
+        click.echo("No run in the history yet.")
+        return
+    click.echo(f"{len(runs)} runs, {runs[0]['started']} to {runs[-1]['started']}: "
+               + " ".join(r["verdict"] for r in runs))
+    for host, rows in found["nodes"].items():
+        click.echo(f"\n{host}")
+        for key, row in rows.items():
+            values = " ".join(f"{v:.3g}" for v in row["values"])
+            change = f"{row['worse_pct']:+.1f}% worse" if row["worse_pct"] is not None else ""
+            flag = "  <-- " + row["status"].upper() if row["status"].startswith("regression") else ""
+            click.echo(f"  {key:<40} {values:<40} {change}{flag}")
+    if found["regressions"]:
+        click.echo(f"\n{len(found['regressions'])} regressions in the newest run:")
+        for r in found["regressions"]:
+            click.echo(f"  {r['host']} {r['metric']}: {r['value']:.4g} vs {r['baseline']:.4g} ({r['worse_pct']:+.1f}%)")
