@@ -170,7 +170,7 @@ def _node_problem(db: str | None) -> int:
         node = Node(socket.gethostname(), gpus.finish() + nics.finish())
         last = None
         if db or Path(_default_db_file()).exists():
-            with History.open(db, upgrade=False) as history:
+            with History.open(db) as history:
                 last = history.last_verdict(node.host)
     except Exception as e:  # noqa: BLE001 -- the protocol: any failure is "unknown", said in the line
         click.echo(f"unknown: {type(e).__name__}: {e}"[:NPD_MAX_CHARS])

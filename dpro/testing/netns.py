@@ -299,27 +299,38 @@ def record_across_hosts(cluster: NetnsCluster, run_dir: str | os.PathLike, scrip
     """Record one torchrun job spread over every host of the cluster into ``run_dir``.
 
     On every host at once: ``python -m dpro record --join -o RUN_DIR <record_args> -- python -m
-    torch.distributed.run --nnodes N --nproc-per-node K --node-rank i --master-addr <host 0>
-    --master-port <port> <script_argv>`` (static rendezvous), with ``GLOO_SOCKET_IFNAME`` set to
-    the host's veth. Returns one completed process per host, output captured as text. When one
-    host fails, the others get :data:`FAIL_FAST_S` seconds to end before they are stopped
-    (SIGTERM, which dpro forwards to the job, then SIGKILL; whatever outlives that goes when the
-    cluster exits). After ``timeout`` seconds, all are stopped that way and
-    :class:`subprocess.TimeoutExpired` is raised.
+    torch.distributed.run ... <script_argv>`` (see :func:`torchrun_across_hosts`).
     """
-    script_argv = [str(a) for a in script_argv]
+    record = [sys.executable, "-m", "dpro", "record", "--join", "-o", os.fspath(run_dir), *record_args, "--"]
+    return torchrun_across_hosts(cluster, script_argv, nproc_per_node=nproc_per_node, before=record, timeout=timeout)
+
+
+def torchrun_across_hosts(cluster: NetnsCluster, program_argv: Iterable[str], *, nproc_per_node: int = 1,
+                          no_python: bool = False, before: Sequence[str] = (), env: dict[str, str] | None = None,
+                          timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Run one torchrun job spread over every host of the cluster.
+
+    On every host at once: ``<before> python -m torch.distributed.run [--no-python] --nnodes N
+    --nproc-per-node K --node-rank i --master-addr <host 0> --master-port <port> <program_argv>``
+    (static rendezvous), with ``GLOO_SOCKET_IFNAME`` set to the host's veth and ``env`` added.
+    Returns one completed process per host, output captured as text. When one host fails, the
+    others get :data:`FAIL_FAST_S` seconds to end before they are stopped (SIGTERM, then
+    SIGKILL; whatever outlives that goes when the cluster exits). After ``timeout`` seconds, all
+    are stopped that way and :class:`subprocess.TimeoutExpired` is raised.
+    """
+    program_argv = [str(a) for a in program_argv]
     port = next(cluster._ports)
     deadline = time.monotonic() + timeout
     with contextlib.ExitStack() as files:
         procs = []
         for h in cluster.hosts:
-            argv = [sys.executable, "-m", "dpro", "record", "--join", "-o", os.fspath(run_dir), *record_args,
-                    "--", sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.hosts)),
-                    "--nproc-per-node", str(nproc_per_node), "--node-rank", str(h.index),
-                    "--master-addr", cluster.hosts[0].ip, "--master-port", str(port), *script_argv]
+            argv = [*before, sys.executable, "-m", "torch.distributed.run", *(["--no-python"] if no_python else []),
+                    "--nnodes", str(len(cluster.hosts)), "--nproc-per-node", str(nproc_per_node),
+                    "--node-rank", str(h.index), "--master-addr", cluster.hosts[0].ip, "--master-port", str(port),
+                    *program_argv]
             out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": h.veth}
-            procs.append((cluster.popen(h.index, argv, env=env, stdout=out, stderr=err, text=True), out, err))
+            host_env = {**os.environ, **(env or {}), "GLOO_SOCKET_IFNAME": h.veth}
+            procs.append((cluster.popen(h.index, argv, env=host_env, stdout=out, stderr=err, text=True), out, err))
         stop_at = deadline
         while None in (codes := [p.poll() for p, _, _ in procs]) and time.monotonic() < stop_at:
             if any(code not in (None, 0) for code in codes):

@@ -1,0 +1,218 @@
+"""``dpro health``: the checks, the rules, the history and the reports, on real processes — a
+local gloo job, a stand-in NVML driver (tests/fakes/fake_nvml.c) for the GPU checks, and a
+4-host namespace cluster with one host's link throttled, over several nights."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpro.anomaly.health.config import Rules
+from dpro.anomaly.health.collectives import bus_factor
+from dpro.anomaly.health.history import History
+from dpro.anomaly.health.model import Metric
+from dpro.anomaly.health.pairwise import probe_rounds
+from dpro.anomaly.health.rules import Baseline, judge, learned
+from dpro.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
+from tests.conftest import assert_one_line_error, dpro
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+def _health(*args: object, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpro", "health", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_bus_bandwidth_factors_are_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == bus_factor("all_to_all", 4) == 0.75
+    assert bus_factor("broadcast", 16) == 1.0
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
+def test_probe_rounds_meet_every_pair_once_without_sharing_a_host(n: int) -> None:
+    rounds = probe_rounds(n)
+    pairs = [frozenset(p) for r in rounds for p in r]
+    assert sorted(map(sorted, pairs)) == [[a, b] for a in range(n) for b in range(a + 1, n)]
+    assert all(len({h for p in r for h in p}) == 2 * len(r) for r in rounds)
+    assert len(rounds) <= n  # the circle method's count
+
+
+def test_probe_rounds_send_one_pair_per_round_out_of_each_switch() -> None:
+    groups = ["leaf0"] * 3 + ["leaf1"] * 3
+    rounds = probe_rounds(6, groups)
+    assert sorted(sorted(p) for r in rounds for p in r) == [[a, b] for a in range(6) for b in range(a + 1, 6)]
+    for r in rounds:
+        assert sum(groups[a] != groups[b] for a, b in r) <= 1
+
+
+def test_a_learned_baseline_drops_outliers_and_needs_enough_nights() -> None:
+    rules = Rules()
+    assert learned([10.0, 10.5], rules) is None
+    baseline = learned([10.0, 10.4, 9.8, 0.5, 10.2], rules)  # one broken night is not the baseline
+    assert baseline.value == pytest.approx(10.1) and "4 earlier runs" in baseline.source
+    bandwidth = Metric("send_gbps", 7.0, "Gb/s", True)
+    assert judge(bandwidth, Baseline(10.0, 0.0, "file"), rules) == ("warn", pytest.approx(0.3))
+    assert judge(Metric("send_gbps", 4.0, "Gb/s", True), Baseline(10.0, 0.0, "file"), rules)[0] == "fail"
+    assert judge(Metric("time_ms", 13.0, "ms", False), Baseline(10.0, 0.0, "file"), rules)[0] == "warn"
+    assert judge(bandwidth, Baseline(10.0, 2.0, "noisy history"), rules)[0] == "pass"  # within 3 sigma
+
+
+def test_the_history_is_migrated_by_alembic_and_matches_its_model(tmp_path: Path) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from dpro.anomaly.health.history import Base
+
+    with History.open(f"sqlite:///{tmp_path}/deep/health.db") as history:
+        with history.engine.connect() as connection:
+            context = MigrationContext.configure(connection)
+            assert context.get_current_revision() == "0001"
+            assert compare_metadata(context, Base.metadata) == []
+
+
+def test_bad_config_and_bad_database_are_one_line_errors_with_exit_code_3(tmp_path: Path) -> None:
+    bad = tmp_path / "health.yaml"
+    for text, fragment in (("collectives: {sizes: [1]}", "unknown key collectives.'sizes'"),
+                           ("pairwise: {seconds: fast}", "pairwise.seconds"),
+                           ("rules: {degraded_pct: 60, failed_pct: 50}", "degraded_pct <= failed_pct"),
+                           ("baseline: missing.yaml", "does not exist"), ("- a list", "mapping")):
+        bad.write_text(text)
+        result = _health("--config", bad)
+        assert result.returncode == 3
+        assert_one_line_error(result, fragment)
+    result = _health("--db", "nosuchdb://x")
+    assert result.returncode == 3
+    assert_one_line_error(result, "cannot open the health database")
+    assert _health("--no-such-option").returncode == 3
+
+
+def test_alone_it_runs_its_own_processes_reports_and_remembers(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/health.db"
+    first = _health("-o", tmp_path / "night1", "--db", db)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "dpro health: healthy"
+    report = json.loads((tmp_path / "night1" / "health.json").read_text())
+    assert report["verdict"] == "healthy" and report["world_size"] == 2 and report["suspects"] == []
+    job = next(n for n in report["nodes"] if n["host"] == "job")
+    all_reduce = next(c for c in job["checks"] if c["name"] == "collective.all_reduce")
+    assert {m["name"] for m in all_reduce["metrics"]} >= {"busbw_gbps_1mb", "busbw_gbps_16mb"}
+    assert (tmp_path / "night1" / "health.md").read_text().startswith("# dpro health: healthy")
+    assert "plotly" in (tmp_path / "night1" / "health.html").read_text()
+    # nothing is overwritten
+    again = _health("-o", tmp_path / "night1", "--db", db)
+    assert again.returncode == 3
+    assert_one_line_error(again, "health.json exists")
+    # a baseline far above what this machine does (but never failing: failed_pct 100): degraded, and why
+    (tmp_path / "baseline.yaml").write_text("collective.all_reduce/busbw_gbps_16mb: 100000\n")
+    (tmp_path / "health.yaml").write_text("baseline: baseline.yaml\ncollectives: {ops: [all_reduce]}\n"
+                                          "rules: {failed_pct: 100}\n")
+    second = _health("-o", tmp_path / "night2", "--db", db, "--config", tmp_path / "health.yaml")
+    assert second.returncode == 1, second.stderr
+    assert "busbw_gbps_16mb" in second.stdout and "baseline file" in second.stdout
+    with History.open(db) as history:
+        runs = history.runs()
+    assert [r["verdict"] for r in runs] == ["degraded", "healthy"]
+
+
+@pytest.fixture(scope="module")
+def fake_nvml(tmp_path_factory) -> Path:
+    """The stand-in NVML driver library built from tests/fakes/fake_nvml.c (two GPUs)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is needed to build the stand-in NVML library")
+    folder = tmp_path_factory.mktemp("fake-nvml")
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", folder / "libnvidia-ml.so.1", FAKES / "fake_nvml.c"], check=True)
+    return folder
+
+
+@pytest.mark.parametrize("faults, verdict, code, says", [
+    ("", "healthy", 0, "checks passed"),
+    ("ecc", "failed", 1, "gpu1.ecc: 2 uncorrected ECC errors"),
+    ("xid", "failed", 1, "gpu1.xid: XID 79"),
+    ("pcie", "degraded", 1, "gpu1.pcie: PCIe link x8, below the device's x16"),
+    ("nvlink", "degraded", 1, "gpu1.nvlink: NVLink 2 down"),
+    ("thermal", "degraded", 1, "gpu1.throttle: clocks held down: software thermal slowdown"),
+])
+def test_node_problem_detector_mode_reads_the_gpus_through_nvml(fake_nvml: Path, tmp_path: Path, faults: str,
+                                                                verdict: str, code: int, says: str) -> None:
+    result = _health("--npd", "--db", f"sqlite:///{tmp_path}/h.db",
+                     env={"LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_FAULTS": faults})
+    assert result.returncode == code, result.stderr
+    line = result.stdout.strip()
+    assert "\n" not in line and len(line) <= 80 and line.startswith(verdict) and says[:60] in line
+
+
+def test_a_gpu_fault_fails_the_node_in_the_full_check(fake_nvml: Path, tmp_path: Path) -> None:
+    result = _health("-o", tmp_path / "out", "--db", f"sqlite:///{tmp_path}/h.db", "--config", _quick(tmp_path),
+                     env={"LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_FAULTS": "xid"})
+    assert result.returncode == 2, result.stderr
+    report = json.loads((tmp_path / "out" / "health.json").read_text())
+    host = next(n for n in report["nodes"] if n["host"] != "job")
+    xid = next(c for c in host["checks"] if c["name"] == "gpu1.xid")
+    assert host["verdict"] == "failed" and xid["evidence"]["xids"] == [79]
+
+
+def _quick(folder: Path) -> Path:
+    config = folder / "quick.yaml"
+    config.write_text("collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n")
+    return config
+
+
+# -- a namespace cluster, several nights ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory) -> list[tuple[list[subprocess.CompletedProcess], dict]]:
+    """Four nights of ``torchrun --no-python ... dpro health`` on 4 namespace hosts sharing one
+    history; host 2's link is throttled to 200 Mbit/s on the last night only."""
+    reason = can_build_namespaces()
+    if reason:
+        pytest.skip(reason)
+    folder = tmp_path_factory.mktemp("nights")
+    program = [Path(sys.executable).parent / "dpro", "health", "--db", f"sqlite:///{folder}/health.db"]
+    results = []
+    with NetnsCluster(4, prefix="dh") as cluster:
+        for night in range(4):
+            if night == 3:
+                cluster.throttle(2, "200mbit")
+            runs = torchrun_across_hosts(cluster, [*program, "-o", folder / f"night{night}"], no_python=True,
+                                         timeout=300)
+            results.append((runs, json.loads((folder / f"night{night}" / "health.json").read_text())))
+    return results, folder
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_the_throttled_host_is_named_first_and_no_other_is_flagged(nights) -> None:
+    results, _ = nights
+    for runs, report in results[:3]:
+        assert report["verdict"] == "healthy", report
+        assert all(r.returncode == 0 for r in runs)
+    runs, report = results[3]
+    assert report["suspects"][0]["name"] == "dh-h2" and report["suspects"][0]["kind"] == "host"
+    assert len(report["suspects"]) == 1
+    verdicts = {n["host"]: n["verdict"] for n in report["nodes"]}
+    assert verdicts["dh-h2"] in ("degraded", "failed")
+    assert all(verdicts[h] == "healthy" for h in ("dh-h0", "dh-h1", "dh-h3"))
+    assert all(r.returncode != 0 for r in runs)  # torchrun passes on the verdict as a failure
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_the_history_flags_the_last_nights_regression(nights) -> None:
+    _, folder = nights
+    result = dpro("health", "history", "--db", f"sqlite:///{folder}/health.db", "--json")
+    assert result.returncode == 1, result.stderr
+    found = json.loads(result.stdout)
+    assert [r["verdict"] for r in found["runs"]][:3] == ["healthy"] * 3 and len(found["runs"]) == 4
+    flagged_hosts = {r["host"] for r in found["regressions"]}
+    assert "dh-h2" in flagged_hosts and not flagged_hosts & {"dh-h0", "dh-h1", "dh-h3"}
+    recv = found["nodes"]["dh-h2"]["pairwise/recv_gbps"]
+    assert len(recv["values"]) == 4 and recv["status"].startswith("regression")
