@@ -216,3 +216,33 @@ def test_the_history_flags_the_last_nights_regression(nights) -> None:
     assert "dh-h2" in flagged_hosts and not flagged_hosts & {"dh-h0", "dh-h1", "dh-h3"}
     recv = found["nodes"]["dh-h2"]["pairwise/recv_gbps"]
     assert len(recv["values"]) == 4 and recv["status"].startswith("regression")
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_host(tmp_path: Path) -> None:
+    """Three leaves of two hosts, two spines, ECMP between leaves (hashed on ports: each
+    connection its own path); what leaf0 sends to spine0 is throttled to 100 Mbit/s."""
+    reason = can_build_namespaces()
+    if reason:
+        pytest.skip(reason)
+    from dpro.testing.fabric import RoutedFabric
+
+    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=2) as fabric:
+        fabric.throttle_link("leaf0", "spine0", "100mbit")
+        fabric.write_topology(tmp_path / "fabric.yaml")
+        (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
+                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n")
+        runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
+                                              "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
+                                     no_python=True, timeout=300)
+    assert (tmp_path / "out" / "health.json").exists(), runs[0].stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "health.json").read_text())
+    assert report["suspects"], report["pairwise"]
+    first = report["suspects"][0]
+    named = {first["name"], *first["evidence"]["same_as"]}
+    assert first["kind"] == "link" and "leaf0->spine0" in named, report["suspects"]
+    assert named <= {"leaf0->spine0", "leaf0->spine1"}  # leaf0's uplinks: no probe tells them apart
+    assert all(s["kind"] == "link" for s in report["suspects"])
+    assert all(n["verdict"] == "healthy" for n in report["nodes"] if n["host"] != "job")
+    assert report["verdict"] == "degraded"

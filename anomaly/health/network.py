@@ -1,7 +1,8 @@
 """From the pairwise matrix to verdicts: each host's median sending and receiving rate (a
 ``pairwise`` check, which the rules compare with its baseline), and the suspects the matrix
-points at — hosts from the matrix alone, or NICs, links and switches by tomography when the
-topology is known (any equal-cost path: the prober cannot see ECMP's choice)."""
+points at — hosts from the matrix alone, or, when the topology is known, NICs and links one
+direction at a time (:mod:`dpro.anomaly.fabric.directed`: any equal-cost path, the prober cannot
+see ECMP's choice)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import networkx as nx
 import numpy as np
 
 from dpro.anomaly.fabric import probes as probe_analysis
-from dpro.anomaly.fabric import tomography
+from dpro.anomaly.fabric.directed import localize_directed
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.suspects import Suspect
 
@@ -26,8 +27,7 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
         report.node(host).checks.append(Check("pairwise", metrics=[
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
             Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))}))
-    suspects = tomography.localize(topology, probes, ecmp="all") if topology is not None else \
-        probe_analysis.analyze(probes)
+    suspects = localize_directed(topology, probes) if topology is not None else probe_analysis.analyze(probes)
     job_checks: dict[str, Check] = {}
     for suspect in suspects:
         reason = f"the pairwise matrix points at {suspect.kind} {suspect.name}"
