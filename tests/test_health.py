@@ -162,7 +162,8 @@ def test_a_gpu_fault_fails_the_node_in_the_full_check(fake_nvml: Path, tmp_path:
 
 def _quick(folder: Path) -> Path:
     config = folder / "quick.yaml"
-    config.write_text("collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n")
+    config.write_text("collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
+                                              "pairwise: {seconds: 0.15}\n")
     return config
 
 
@@ -221,18 +222,21 @@ def test_the_history_flags_the_last_nights_regression(nights) -> None:
 @pytest.mark.privileged
 @pytest.mark.slow
 def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_host(tmp_path: Path) -> None:
-    """Three leaves of two hosts, two spines, ECMP between leaves (hashed on ports: each
-    connection its own path); what leaf0 sends to spine0 is throttled to 100 Mbit/s."""
+    """Three leaves of three hosts, two spines, ECMP between leaves (hashed on ports: each
+    connection its own path); what leaf0 sends to spine0 is throttled to 100 Mbit/s. Leaf0's
+    hosts have 18 connections out of it: that fewer than two take spine0 has odds of 1 in 14,000
+    (with two hosts a leaf, 1 in 28: it happened once in 12 runs)."""
     reason = can_build_namespaces()
     if reason:
         pytest.skip(reason)
     from dpro.testing.fabric import RoutedFabric
 
-    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=2) as fabric:
+    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=3) as fabric:
         fabric.throttle_link("leaf0", "spine0", "100mbit")
         fabric.write_topology(tmp_path / "fabric.yaml")
         (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
-                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n")
+                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
+                                              "pairwise: {seconds: 0.15}\n")
         runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
                                               "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
                                      no_python=True, timeout=300)
