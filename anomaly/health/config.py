@@ -162,9 +162,9 @@ def _section(spec: dict[str, Any], name: str, cls: type, path: Path) -> Any:
         default, value = getattr(defaults, f.name), values[f.name]
         try:
             if isinstance(default, tuple):
-                if not isinstance(value, list):
+                if not isinstance(value, list) or any(isinstance(v, bool) for v in value):
                     raise TypeError
-                out[f.name] = tuple(type(default[0])(v) if not isinstance(v, bool) else _bad() for v in value)
+                out[f.name] = tuple(type(default[0])(v) for v in value)
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError
             else:
@@ -172,10 +172,6 @@ def _section(spec: dict[str, Any], name: str, cls: type, path: Path) -> Any:
         except (TypeError, ValueError):
             raise HealthConfigError(f"{path}: {name}.{f.name} should be like {default!r}, not {value!r}") from None
     return cls(**out)
-
-
-def _bad() -> Any:
-    raise TypeError
 
 
 def _relative(config: Path, value: Any, key: str) -> Path | None:

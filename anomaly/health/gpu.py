@@ -30,6 +30,7 @@ class GpuWatch:
     def __init__(self) -> None:
         self._nvml: Any = None
         self._handles: list[Any] = []
+        self._links: list[list[int]] = []  # per GPU, the NVLinks NVML reports
         self._before: list[dict[str, int]] = []
         self._events: Any = None
         self.note = ""
@@ -47,7 +48,8 @@ class GpuWatch:
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         if not self._handles:
             self.note = "NVML found no GPU"
-        self._before = [self._counters(h) for h in self._handles]
+        self._links = [self._nvlinks(h) for h in self._handles]
+        self._before = [self._counters(h, links) for h, links in zip(self._handles, self._links)]
         self._events = self._register_xid_events()
 
     def finish(self, busy: bool = False) -> list[Check]:
@@ -58,12 +60,12 @@ class GpuWatch:
         try:
             xids = self._drain_xid_events()
             checks = []
-            for i, (handle, before) in enumerate(zip(self._handles, self._before)):
-                after = self._counters(handle)
+            for i, (handle, links, before) in enumerate(zip(self._handles, self._links, self._before)):
+                after = self._counters(handle, links)
                 checks += [self._ecc(i, handle, before, after), _xid_check(i, xids.get(i, [])),
                            self._throttle(i, handle), self._clocks(i, handle), self._temperature(i, handle),
                            self._power(i, handle), self._pcie(i, handle, before, after, busy),
-                           self._nvlink(i, handle, before, after)]
+                           self._nvlink(i, handle, links, before, after)]
             return checks
         finally:
             if self._events is not None:
@@ -72,7 +74,7 @@ class GpuWatch:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _counters(self, h: Any) -> dict[str, int]:
+    def _counters(self, h: Any, links: list[int]) -> dict[str, int]:
         """Counters compared before and after: ECC aggregates, PCIe replays, NVLink errors."""
         nv = self._nvml
         out = {}
@@ -81,13 +83,13 @@ class GpuWatch:
                 out[name] = v
         if (v := _try(nv.nvmlDeviceGetPcieReplayCounter, h)) is not None:
             out["pcie_replays"] = v
-        for link in self._links(h):
+        for link in links:
             for c, kind in enumerate(NVLINK_ERRORS):
                 if (v := _try(nv.nvmlDeviceGetNvLinkErrorCounter, h, link, c)) is not None:
                     out[f"nvlink{link}_{kind}"] = v
         return out
 
-    def _links(self, h: Any) -> list[int]:
+    def _nvlinks(self, h: Any) -> list[int]:
         """The NVLinks NVML reports on this GPU (none when NVLink is not supported)."""
         links = []
         for link in range(self._nvml.NVML_NVLINK_MAX_LINKS):
@@ -216,9 +218,8 @@ class GpuWatch:
                 check.escalate("warn", f"{replays} PCIe replays during the check")
         return check
 
-    def _nvlink(self, i: int, h: Any, before: dict[str, int], after: dict[str, int]) -> Check:
+    def _nvlink(self, i: int, h: Any, links: list[int], before: dict[str, int], after: dict[str, int]) -> Check:
         nv = self._nvml
-        links = self._links(h)
         if not links:
             return Check(f"gpu{i}.nvlink", "skip", "no NVLink")
         states = {link: _try(nv.nvmlDeviceGetNvLinkState, h, link) for link in links}

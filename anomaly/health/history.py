@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from dpro.errors import DproError
 
-from dpro.anomaly.health.model import HealthReport
+from dpro.anomaly.health.model import HealthReport, comparable
 
 __all__ = ["DEFAULT_DB", "History", "HistoryError", "default_url"]
 
@@ -150,8 +150,9 @@ class History:
             return [float(v) for v in session.scalars(query)]
 
     def runs(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """The runs, newest first: id, started, verdict, facts, suspects, and per node its verdict
-        and its metrics ``{check/metric: value}``."""
+        """The runs, newest first: id, started, verdict, facts, suspects, and per node its verdict,
+        its metrics ``{check/metric: value}`` and the better direction of those a rule compares
+        (``comparable``: ``{check/metric: higher_is_better}``)."""
         query = sa.select(RunRow).order_by(RunRow.started.desc(), RunRow.id.desc()).limit(limit)
         out = []
         with self._session() as session:
@@ -159,7 +160,7 @@ class History:
                 nodes = {n.host: {"verdict": n.verdict,
                                   "metrics": {f"{c.name}/{m.name}": m.value for c in n.checks for m in c.metrics},
                                   "comparable": {f"{c.name}/{m.name}": m.higher_is_better for c in n.checks
-                                                 for m in c.metrics if m.unit != "count"}}
+                                                 for m in c.metrics if comparable(m.higher_is_better, m.unit)}}
                          for n in run.nodes}
                 out.append({"id": run.id, "started": run.started.isoformat(timespec="seconds"), "verdict": run.verdict,
                             "facts": json.loads(run.facts), "suspects": json.loads(run.suspects), "nodes": nodes})

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.fabric.probes import Probes, to_matrix
 from dpro.anomaly.fabric.topology import edge_switch, host_nic, read_topology
 
 from dpro.anomaly.health.collectives import run_collectives
@@ -116,11 +117,8 @@ def _edge_switches(topology: Any, rank_hosts: list[str]) -> dict[str, str]:
 
 
 def _matrix(probes: Probes) -> list[list[float | None]]:
-    n = len(probes.hosts)
-    cells: list[list[float | None]] = [[None] * n for _ in range(n)]
-    for s, d, v in zip(probes.src, probes.dst, probes.value):
-        cells[int(s)][int(d)] = round(float(v), 4)
-    return cells
+    """The probes as rows of Gb/s (None where not measured), for JSON."""
+    return [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in to_matrix(probes)]
 
 
 def _now() -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from dpro.anomaly.suspects import Suspect, to_json
 
-__all__ = ["COULD_NOT_RUN", "EXIT_CODES", "JOB", "Check", "HealthReport", "Metric", "Node", "report_from_json", "worst"]
+__all__ = ["COULD_NOT_RUN", "EXIT_CODES", "JOB", "Check", "HealthReport", "Metric", "Node", "comparable", "report_from_json", "worst"]
 
 # Statuses, mildest first; a node's verdict is that of its worst check.
 STATUSES = ("skip", "pass", "warn", "fail")
@@ -29,6 +29,17 @@ class Metric:
     unit: str = ""
     higher_is_better: bool | None = None
     baseline: float | None = None
+
+    @property
+    def comparable(self) -> bool:
+        """Whether a rule compares it with a baseline (:func:`comparable`)."""
+        return comparable(self.higher_is_better, self.unit)
+
+
+def comparable(higher_is_better: bool | None, unit: str) -> bool:
+    """A value with a better direction that is not a count: counts (errors, events) are judged
+    by their own checks, never against a baseline."""
+    return higher_is_better is not None and unit != "count"
 
 
 @dataclass

@@ -22,22 +22,22 @@ __all__ = ["judge_network"]
 def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph | None) -> list[Suspect]:
     """Add each host's ``pairwise`` check and the fabric's suspects to ``report``; the suspects,
     most likely first."""
+    pairwise: dict[str, Check] = {}
     for i, host in enumerate(probes.hosts):
         sent, received = probes.value[probes.src == i], probes.value[probes.dst == i]
-        report.node(host).checks.append(Check("pairwise", metrics=[
+        pairwise[host] = Check("pairwise", metrics=[
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
-            Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))}))
+            Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))})
+        report.node(host).checks.append(pairwise[host])
     suspects = localize_directed(topology, probes) if topology is not None else probe_analysis.analyze(probes)
-    job_checks: dict[str, Check] = {}
+    fabric = Check("fabric")
     for suspect in suspects:
-        reason = f"the pairwise matrix points at {suspect.kind} {suspect.name}"
-        if suspect.kind in ("host", "nic") and suspect.host in probes.hosts:
-            check = next(c for c in report.node(suspect.host).checks if c.name == "pairwise")
-        else:
-            check = job_checks.setdefault("fabric", Check("fabric"))
+        check = pairwise[suspect.host] if suspect.kind in ("host", "nic") and suspect.host in pairwise else fabric
         check.evidence.setdefault("suspects", []).append({"kind": suspect.kind, "name": suspect.name,
                                                           "score": round(float(suspect.score), 3)})
-        check.escalate("warn", reason)
-    if job_checks or topology is not None:
-        report.node(JOB).checks.append(job_checks.get("fabric", Check("fabric", message="no link or switch stands out")))
+        check.escalate("warn", f"the pairwise matrix points at {suspect.kind} {suspect.name}")
+    if fabric.evidence or topology is not None:
+        if not fabric.evidence:
+            fabric.message = "no link or switch stands out"
+        report.node(JOB).checks.append(fabric)
     return suspects

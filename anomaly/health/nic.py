@@ -38,13 +38,14 @@ class NicWatch:
 
     def finish(self) -> list[Check]:
         """One check per RDMA port and per interface that is up (one skipped check when there is none)."""
-        after = take_snapshot(self.root, netdev=self._interfaces(), gpu=False)
+        interfaces = self._interfaces()
+        after = take_snapshot(self.root, netdev=interfaces, gpu=False)
         faults: dict[str, dict[str, int]] = defaultdict(dict)
         if self._before is not None:
             for rate in diff(self._before, after).rates:
                 if rate.canonical in FAULT_COUNTERS and rate.delta and (rate.source, rate.canonical) not in BENIGN:
                     faults[rate.device][rate.canonical] = faults[rate.device].get(rate.canonical, 0) + int(rate.delta)
-        checks = self._rdma_checks(faults) + self._netdev_checks(faults)
+        checks = self._rdma_checks(faults) + self._netdev_checks(interfaces, faults)
         return checks or [Check("nic", "skip", "no RDMA port and no network interface up")]
 
     def _interfaces(self) -> list[str]:
@@ -72,10 +73,10 @@ class NicWatch:
                 checks.append(check)
         return checks
 
-    def _netdev_checks(self, faults: dict[str, dict[str, int]]) -> list[Check]:
+    def _netdev_checks(self, interfaces: list[str], faults: dict[str, dict[str, int]]) -> list[Check]:
         checks = []
         base = sysfs_dir(self.root) / "class" / "net"
-        for iface in self._interfaces():
+        for iface in interfaces:
             speed = _read(base / iface / "speed")
             check = Check(f"nic.{iface}", evidence={"operstate": _read(base / iface / "operstate")})
             if speed and speed.lstrip("-").isdigit() and int(speed) > 0:

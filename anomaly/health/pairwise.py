@@ -55,7 +55,8 @@ def probe_rounds(n: int, groups: Sequence[str] | None = None) -> list[list[tuple
             if cross:
                 leaving |= {groups[a], groups[b]}
         rounds.append(chosen)
-        left = [p for p in left if p not in chosen]
+        taken = set(chosen)
+        left = [p for p in left if p not in taken]
     return rounds
 
 

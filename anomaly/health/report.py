@@ -14,7 +14,7 @@ from dpro.errors import DproError
 
 from dpro.anomaly.health.model import JOB, HealthReport
 
-__all__ = ["ReportExistsError", "write_reports"]
+__all__ = ["ReportExistsError", "check_free", "markdown", "summary", "write_reports"]
 
 FILES = ("health.json", "health.md", "health.html")
 MARK = {"pass": "ok", "skip": "skipped", "warn": "WARN", "fail": "FAIL"}
@@ -24,11 +24,16 @@ class ReportExistsError(DproError):
     """The output folder already holds a health report."""
 
 
-def write_reports(report: HealthReport, out: Path) -> dict[str, Path]:
-    """Write the three reports into ``out`` (created); their paths by kind."""
+def check_free(out: Path) -> None:
+    """:class:`ReportExistsError` when ``out`` already holds one of the reports."""
     taken = [f for f in FILES if (out / f).exists()]
     if taken:
         raise ReportExistsError(f"{out / taken[0]} exists and is not overwritten: choose another -o")
+
+
+def write_reports(report: HealthReport, out: Path) -> dict[str, Path]:
+    """Write the three reports into ``out`` (created); their paths by kind."""
+    check_free(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "health.json", "markdown": out / "health.md", "html": out / "health.html"}
     paths["json"].write_text(json.dumps(report.to_json(), indent=1, default=str))

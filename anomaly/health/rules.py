@@ -76,7 +76,7 @@ def apply_rules(report: HealthReport, config: HealthConfig,
     for node in report.nodes:
         for check in node.checks:
             for metric in check.metrics:
-                if metric.higher_is_better is None or metric.unit == "count":
+                if not metric.comparable:
                     continue
                 key = f"{check.name}/{metric.name}"
                 expected = config.expected(node.host, key)

@@ -27,8 +27,6 @@ def trends(runs: list[dict[str, Any]], rules: Rules, host: str | None = None) ->
             continue
         rows = {}
         for key, higher in sorted(node["comparable"].items()):
-            if higher is None:
-                continue
             past = [r["nodes"][name]["metrics"][key] for r in earlier
                     if name in r["nodes"] and key in r["nodes"][name]["metrics"]]
             value = node["metrics"][key]

@@ -96,26 +96,23 @@ def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Pa
 def _preflight(out: Path | None, db: str | None) -> None:
     """Fail before any rank starts when the report could not be written or the history opened."""
     from dpro.anomaly.health.history import History
-    from dpro.anomaly.health.report import FILES
+    from dpro.anomaly.health.report import check_free
 
-    taken = [f for f in FILES if out is not None and (out / f).exists()]
-    if taken:
-        raise CouldNotRun(f"{out / taken[0]} exists and is not overwritten: choose another -o")
+    if out is not None:
+        check_free(out)
     History.open(db).engine.dispose()
 
 
 def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
     from dpro.anomaly.health.history import History
     from dpro.anomaly.health.job import launcher_env, run_rank
-    from dpro.anomaly.health.report import FILES, summary, write_reports
+    from dpro.anomaly.health.report import check_free, summary, write_reports
 
     rank = int(launcher_env()["RANK"])
     history = None
     if rank == 0:  # fail before the job starts, not after it ran (the others then fail to join)
         out = out or Path(f"dpro-health-{time.strftime('%Y%m%d-%H%M%S')}")
-        taken = [f for f in FILES if (out / f).exists()]
-        if taken:
-            raise CouldNotRun(f"{out / taken[0]} exists and is not overwritten: choose another -o")
+        check_free(out)
         history = History.open(db)
     try:
         report, code = run_rank(config, history.values if history else None)
@@ -159,7 +156,7 @@ def _run_locally(nproc: int) -> int:
 def _node_problem(db: str | None) -> int:
     """node-problem-detector's custom plugin protocol: one line, exit 0 OK, 1 NonOK, 2 Unknown."""
     from dpro.anomaly.health.gpu import GpuWatch
-    from dpro.anomaly.health.history import History
+    from dpro.anomaly.health.history import DEFAULT_DB, History
     from dpro.anomaly.health.model import Node
     from dpro.anomaly.health.nic import NicWatch
 
@@ -169,7 +166,7 @@ def _node_problem(db: str | None) -> int:
         nics.start()
         node = Node(socket.gethostname(), gpus.finish() + nics.finish())
         last = None
-        if db or Path(_default_db_file()).exists():
+        if db or os.environ.get("DPRO_HEALTH_DB") or DEFAULT_DB.expanduser().exists():
             with History.open(db) as history:
                 last = history.last_verdict(node.host)
     except Exception as e:  # noqa: BLE001 -- the protocol: any failure is "unknown", said in the line
@@ -184,12 +181,6 @@ def _node_problem(db: str | None) -> int:
     parts = [f"{c.name}: {c.message}" for c in bad] + ([f"nightly {last[1][:10]}: {last[0]}"] if nightly_bad else [])
     click.echo(f"{node.verdict if bad else last[0]}: {'; '.join(parts)}"[:NPD_MAX_CHARS])
     return NPD_NONOK
-
-
-def _default_db_file() -> str:
-    from dpro.anomaly.health.history import DEFAULT_DB
-
-    return os.environ.get("DPRO_HEALTH_DB", "").removeprefix("sqlite:///") or str(DEFAULT_DB.expanduser())
 
 
 @health.command("history")

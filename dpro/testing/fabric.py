@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from dpro.testing.netns import ETC_NETNS, Host, NetnsCluster, _delete_netns, _kill_netns_processes, _nsswitch_files_only, _sh, _tbf_burst
+from dpro.testing.netns import Host, NetnsCluster, _delete_netns, _kill_netns_processes, _sh, _tbf_burst
 
 __all__ = ["RoutedFabric"]
 
@@ -48,6 +48,10 @@ class RoutedFabric(NetnsCluster):
     def leaf_of(self, host: int) -> str:
         return self.leaves[host // self.hosts_per_leaf]
 
+    def _port_netns(self, host: Host) -> str:
+        """A host's veth ends in its leaf: :meth:`throttle` limits its access link both ways."""
+        return self.router_netns(self.leaf_of(host.index))
+
     def _cable(self, leaf: int, spine: int) -> tuple[str, str]:
         """The /30 addresses of a leaf–spine cable: the leaf's end, the spine's end."""
         base = (leaf * 16 + spine) * 4
@@ -60,14 +64,10 @@ class RoutedFabric(NetnsCluster):
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
             _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.fib_multipath_hash_policy=1")
-        etc = {"hosts": "127.0.0.1 localhost\n" + "".join(f"{h.ip} {h.name}\n" for h in self.hosts),
-               "nsswitch.conf": _nsswitch_files_only()}
+        self._write_etc()
         for h in self.hosts:
-            (ETC_NETNS / h.netns).mkdir(parents=True, exist_ok=True)
-            for name, text in etc.items():
-                (ETC_NETNS / h.netns / name).write_text(text)
             leaf = h.index // self.hosts_per_leaf
-            leaf_ns = self.router_netns(self.leaves[leaf])
+            leaf_ns = self._port_netns(h)
             _sh("ip", "netns", "add", h.netns)
             _sh("ip", "link", "add", h.veth, "netns", h.netns, "type", "veth", "peer", "name", h.bridge_port,
                 "netns", leaf_ns)

@@ -196,12 +196,8 @@ class NetnsCluster:
             _sh("ip", "netns", "exec", sw, "sh", "-c",
                 "for f in /proc/sys/net/bridge/bridge-nf-call-*; do echo 0 > $f; done")
         _sh("ip", "-n", sw, "link", "set", self.bridge, "up")
-        etc = {"hosts": "127.0.0.1 localhost\n" + "".join(f"{h.ip} {h.name}\n" for h in self.hosts),
-               "nsswitch.conf": _nsswitch_files_only()}
+        self._write_etc()
         for h in self.hosts:
-            (ETC_NETNS / h.netns).mkdir(parents=True, exist_ok=True)
-            for name, text in etc.items():
-                (ETC_NETNS / h.netns / name).write_text(text)
             _sh("ip", "netns", "add", h.netns)
             # Created directly inside the two namespaces: no name ever appears in the root one.
             _sh("ip", "link", "add", h.veth, "netns", h.netns, "type", "veth", "peer", "name", h.bridge_port,
@@ -212,6 +208,20 @@ class NetnsCluster:
             _sh("ip", "-n", h.netns, "link", "set", "lo", "up")
         for host, rate in self.rates.items():
             self.throttle(host, rate)
+
+    def _write_etc(self) -> None:
+        """Every host's ``/etc/netns/<netns>/``: an ``/etc/hosts`` naming all hosts, and name
+        resolution through files alone."""
+        etc = {"hosts": "127.0.0.1 localhost\n" + "".join(f"{h.ip} {h.name}\n" for h in self.hosts),
+               "nsswitch.conf": _nsswitch_files_only()}
+        for h in self.hosts:
+            (ETC_NETNS / h.netns).mkdir(parents=True, exist_ok=True)
+            for name, text in etc.items():
+                (ETC_NETNS / h.netns / name).write_text(text)
+
+    def _port_netns(self, host: Host) -> str:
+        """The namespace holding the switch-side end of a host's veth (``bridge_port``)."""
+        return self.switch_netns
 
     def _destroy(self) -> None:
         for proc in self._procs:
@@ -257,10 +267,10 @@ class NetnsCluster:
 
     def throttle(self, host: int, rate: str) -> None:
         """Limit a host's link to ``rate`` (a tc rate, e.g. ``"20mbit"``) in both directions:
-        a tbf qdisc on its veth (what it sends) and on the bridge-side end (what it receives)."""
+        a tbf qdisc on its veth (what it sends) and on the switch-side end (what it receives)."""
         h = self.hosts[host]
         burst = str(_tbf_burst(rate))
-        for netns, dev in ((h.netns, h.veth), (self.switch_netns, h.bridge_port)):
+        for netns, dev in ((h.netns, h.veth), (self._port_netns(h), h.bridge_port)):
             _sh("tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                 "burst", burst, "latency", "100ms")
         self._throttled.add(host)
@@ -270,7 +280,7 @@ class NetnsCluster:
         if host not in self._throttled:
             return
         h = self.hosts[host]
-        for netns, dev in ((h.netns, h.veth), (self.switch_netns, h.bridge_port)):
+        for netns, dev in ((h.netns, h.veth), (self._port_netns(h), h.bridge_port)):
             _sh("tc", "-n", netns, "qdisc", "del", "dev", dev, "root")
         self._throttled.discard(host)
 
