@@ -10,10 +10,11 @@ import plotly.graph_objects as go
 
 from dpro.dashboard.timeline import KINDS, Lanes, View
 
-__all__ = ["heatmap_figure", "step_figure", "timeline_figure", "topology_figure"]
+__all__ = ["heatmap_figure", "step_figure", "timeline_figure", "topology_figure", "trend_figure", "verdict_figure"]
 
 KIND_COLORS = dict(zip(KINDS, ("#4c78a8", "#9ecae9", "#bab0ac", "#54a24b", "#eeca3b", "#e45756", "#b279a2")))
 LANE_PX = 26
+VERDICT_COLORS = {"healthy": "#54a24b", "degraded": "#f58518", "failed": "#d62728"}
 HOVER_NAME_CHARS = 60
 
 
@@ -117,6 +118,38 @@ def heatmap_figure(hosts: list[str], matrix: np.ndarray, title: str, unit: str) 
                                hovertemplate="%{y} → %{x}: %{z:.1f} " + unit + "<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="to", yaxis_title="from", height=200 + 30 * len(hosts),
                       yaxis={"autorange": "reversed"})
+    return fig
+
+
+def verdict_figure(nights: list[str], columns: list[str], verdicts: list[list[str | None]]) -> go.Figure:
+    """A grid of verdicts, a row per night (``nights`` oldest first: the newest on top) and a
+    column per node, coloured healthy, degraded or failed (blank: not in that night)."""
+    levels = list(VERDICT_COLORS)
+    z = [[None if v is None else levels.index(v) for v in row] for row in verdicts]
+    scale = [[(i + edge) / len(levels), color] for i, color in enumerate(VERDICT_COLORS.values()) for edge in (0, 1)]
+    fig = go.Figure(go.Heatmap(z=z, x=columns, y=nights, text=[[v or "" for v in row] for row in verdicts],
+                               texttemplate="%{text}", zmin=-0.5, zmax=len(levels) - 0.5, colorscale=scale,
+                               showscale=False, xgap=2, ygap=2, hovertemplate="%{y}, %{x}: %{text}<extra></extra>"))
+    fig.update_layout(title="Verdict per night and node (run: the night's overall verdict)",
+                      height=110 + 32 * len(nights), margin={"t": 80, "b": 20}, xaxis={"side": "top"},
+                      yaxis={"automargin": True, "type": "category"})
+    return fig
+
+
+def trend_figure(nights: list[str], series: dict[str, list[float | None]], title: str,
+                 flagged: dict[str, str]) -> go.Figure:
+    """A line per node over the nights; the newest value of each node in ``flagged`` marked
+    (the mark's hover says why)."""
+    fig = go.Figure()
+    for host, values in series.items():
+        fig.add_trace(go.Scatter(x=nights, y=values, mode="lines+markers", name=host, connectgaps=False,
+                                 hovertemplate="%{x}: %{y:.4g}<extra>" + host + "</extra>"))
+    marked = [h for h in flagged if h in series]
+    if marked:
+        fig.add_trace(go.Scatter(x=[nights[-1]] * len(marked), y=[series[h][-1] for h in marked], mode="markers",
+                                 name="regression", hovertext=[f"{h}: {flagged[h]}" for h in marked], hoverinfo="text",
+                                 marker={"symbol": "x", "size": 16, "color": "#d62728", "line": {"width": 1}}))
+    fig.update_layout(title=title, height=420, margin={"t": 50}, xaxis={"type": "category", "title": "night"})
     return fig
 
 

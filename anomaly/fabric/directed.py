@@ -2,89 +2,176 @@
 
 A cable can be slow one way only (a bad transmitter, a congested egress queue), so every cable
 is two components here, one per direction, and a probe from ``a`` to ``b`` crosses only the
-``a``-to-``b`` direction of the cables on its path. The prober cannot see which equal-cost path
-a probe took, so a probe *may* cross the directed links on any of its shortest paths and *must*
-cross those on all of them.
+``a``-to-``b`` direction of the cables on its path; a switch is a component too (a slow ASIC
+slows every link leaving it). The prober cannot see which equal-cost path a probe took, so a
+probe *may* cross the components on any of its shortest paths. Components that every probe may
+cross alike are one class: no probe can tell them apart.
 
-Directed links that every probe may cross alike (the same slow probes, the same good ones) are
-one class: no probe can tell them apart. Greedily, the class that explains the most unexplained
-slow probes per good probe that surely crossed it (``1 +`` that count) is taken, while it
-explains at least ``min_slow`` of them and more than the good probes that surely crossed it;
-its slow probes are then explained. A NIC's access cable stands for the NIC. Meant for the
-hundreds of hosts a health check probes; paths come from networkx, not the vectorised routing
-of :mod:`dpro.anomaly.fabric.routing`.
+**Pooled evidence.** A fault of 10% hides in 10% of noise probe by probe, but not across the
+dozens of probes that may cross a link. Each probe's shortfall on a log scale is taken against
+the typical healthy probe of as many hops, read from the upper quartiles (faults and other
+traffic only slow probes, and ECMP may send half of them through a fault), in units of the
+noise (also from the upper quartiles), and clipped to ``±CLIP`` so that a few probes slowed a
+lot by other traffic weigh no more than a few slowed by a fault. A class has two scores:
+
+- *pooled*: the sum of its probes' clipped ``z`` over the square root of their number
+  (Stouffer's), which grows with every probe a fault slows a little, whether ECMP sent all of
+  them through it (a NIC) or some (an uplink);
+- *counted*: how unlikely it is, as a normal ``z``, that so many of its probes are very slow
+  (``Z_SLOW`` deviations short) given how often probes of as many hops outside it are: a fault
+  that slows a few probes a lot in noisy data.
+
+Greedily, the class whose score is furthest past its threshold (``z_class``, ``z_count``) is
+named while one is past and its probes fall short by ``min_effect`` on average; its probes are
+then explained and leave the other classes' scores. A NIC's access cable stands for the NIC.
+
+Meant for the hundreds of hosts a health check probes; paths come from networkx, not the
+vectorised routing of :mod:`dpro.anomaly.fabric.routing`. The thresholds were tuned on
+``benchmarks.health_localization``'s tuning trials, apart from those it scores.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from math import lgamma
+from statistics import NormalDist
 
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.fabric.probes import ProbeError, Probes, slow
+from dpro.anomaly.fabric.probes import ProbeError, Probes
 from dpro.anomaly.fabric.topology import host_nic
 from dpro.anomaly.suspects import Suspect
 
 __all__ = ["localize_directed"]
 
-MIN_SLOW = 2
+Z_CLASS = 5.0
+Z_COUNT = 4.0
+MIN_EFFECT = 0.03  # a mean shortfall of 3% (log scale)
+CLIP = 2.5
+MIN_PROBES = 2
+MIN_PEERS = 8  # probes of one path length enough to take their own typical value
+Z_SLOW = 3.0  # a very slow probe: this many deviations of the noise short
+Q75, Q90 = 0.6745, 1.2816  # the normal law's 75th and 90th percentiles, in standard deviations
+
+Component = tuple[str, str] | str  # a directed link (from, to), or a switch
 
 
-def localize_directed(topology: nx.MultiGraph, probes: Probes, slow_mask: np.ndarray | None = None,
-                      min_slow: int = MIN_SLOW) -> list[Suspect]:
-    """Suspect directed links (kind ``link``) and NICs (kind ``nic``), most likely first; each
-    names the direction (``from``, ``to``) and the directed links no probe tells apart from it
-    (``same_as``)."""
+def localize_directed(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS,
+                      min_effect: float = MIN_EFFECT, clip: float = CLIP, z_count: float = Z_COUNT) -> list[Suspect]:
+    """Suspect NICs (kind ``nic``), directed links (``link``) and switches (``switch``), most
+    likely first; each names what no probe tells apart from it (``same_as``) and, for a NIC or
+    a link, the direction (``from``, ``to``)."""
     missing = [h for h in probes.hosts if h not in topology]
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
-    is_slow = slow(probes) if slow_mask is None else np.asarray(slow_mask, bool)
-    graph = nx.Graph(topology)
-    nics = {h: host_nic(topology, h) for h in probes.hosts}
-    may: dict[tuple[str, str], set[int]] = defaultdict(set)
-    must_good: dict[tuple[str, str], int] = defaultdict(int)
-    for p, (s, d) in enumerate(zip(probes.src, probes.dst)):
-        routes = [list(zip(path, path[1:])) for path in nx.all_shortest_paths(graph, nics[probes.hosts[s]],
-                                                                              nics[probes.hosts[d]])]
-        crossed = set().union(*map(set, routes))
-        for edge in crossed:
-            may[edge].add(p)
-        if not is_slow[p]:
-            for edge in set.intersection(*map(set, routes)):
-                must_good[edge] += 1
-    classes: dict[frozenset[int], list[tuple[str, str]]] = defaultdict(list)
-    for edge, crossing in may.items():
-        classes[frozenset(crossing)].append(edge)
-    unexplained = set(np.flatnonzero(is_slow).tolist())
+    classes, hops = _classes(topology, probes)
+    shortfall = _shortfall(probes, hops)
+    noise = max(_upper_spread(-shortfall), 1e-9)
+    weight = np.clip(shortfall / noise, -clip, clip)
+    very_slow = shortfall / noise >= Z_SLOW
+    unexplained = np.ones(len(weight), bool)
     suspects = []
-    while unexplained:
-        best, best_key = None, (0.0, 0)
-        for crossing, edges in classes.items():
-            explained = len(crossing & unexplained)
-            sure_good = min(must_good[e] for e in edges)
-            if explained < min_slow or explained <= sure_good:
+    while True:
+        best, best_margin, best_probes, best_score = None, 0.0, None, 0.0
+        for crossing, members in classes:
+            left = crossing[unexplained[crossing]]
+            if len(left) < MIN_PROBES or float(shortfall[left].mean()) < min_effect:
                 continue
-            key = (explained / (1 + sure_good), explained)
-            if key > best_key:
-                best, best_key = crossing, key
+            pooled = float(weight[left].sum()) / np.sqrt(len(left))
+            counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
+            margin = max(pooled / z_class, counted / z_count)
+            if margin >= 1.0 and margin > best_margin:
+                best, best_margin, best_probes, best_score = members, margin, left, max(pooled, counted)
         if best is None:
-            break
-        suspects.append(_suspect(topology, classes[best], best_key[0], len(best & unexplained),
-                                 len(best) - len(best & set(np.flatnonzero(is_slow).tolist()))))
-        unexplained -= best
-    return suspects
+            return suspects
+        suspects.append(_suspect(topology, best, best_score, best_probes, shortfall))
+        unexplained[best_probes] = False
 
 
-def _suspect(topology: nx.MultiGraph, edges: list[tuple[str, str]], score: float, explained: int,
-             good_may: int) -> Suspect:
-    edges = sorted(edges, key=lambda e: (topology.nodes[e[0]].get("kind") == "switch" and
-                                         topology.nodes[e[1]].get("kind") == "switch", e))
-    a, b = edges[0]
-    nic = next((n for n in (a, b) if topology.nodes[n].get("kind") == "nic"), None)
-    evidence = {"from": a, "to": b, "slow_probes_explained": explained, "good_probes_that_may_cross": good_may,
-                "same_as": [f"{u}->{v}" for u, v in edges[1:]]}
-    if nic is not None:
+def _excess_slow(left: np.ndarray, crossing: np.ndarray, very_slow: np.ndarray, hops: np.ndarray,
+                 unexplained: np.ndarray) -> float:
+    """How unlikely so many of ``left`` are very slow, as a normal ``z``: a binomial tail at the
+    rate of very slow probes of as many hops outside the class (Jeffreys' half a probe each way)."""
+    outside = unexplained.copy()
+    outside[crossing] = False
+    rates = []
+    for length in hops[left]:
+        peers = outside & (hops == length)
+        rates.append((very_slow[peers].sum() + 0.5) / (peers.sum() + 1))
+    n, k, rate = len(left), int(very_slow[left].sum()), float(np.mean(rates))
+    if k <= n * rate:
+        return 0.0
+    i = np.arange(k, n + 1)
+    log_choose = lgamma(n + 1) - np.array([lgamma(j + 1) + lgamma(n - j + 1) for j in i])
+    tail = float(np.exp(np.logaddexp.reduce(log_choose + i * np.log(rate) + (n - i) * np.log1p(-rate))))
+    return -NormalDist().inv_cdf(max(tail, 1e-300)) if tail < 0.5 else 0.0
+
+
+def _shortfall(probes: Probes, hops: np.ndarray) -> np.ndarray:
+    """Each probe's shortfall on a log scale (``log(typical/value)`` for bandwidth) against the
+    typical healthy probe of as many hops (of all probes, for fewer than ``MIN_PEERS`` of them):
+    paths of different lengths may differ by design. Faults and other traffic only slow probes,
+    and ECMP may send half a hop group through a fault, so the healthy probes are read from the
+    upper quartiles: the typical value is the 75th percentile less 0.674 of the spread."""
+    logs = np.log(probes.value) if probes.higher_is_better else -np.log(probes.value)
+    centre = np.full(len(logs), _typical(logs))
+    for length in np.unique(hops):
+        peers = hops == length
+        if peers.sum() >= MIN_PEERS:
+            centre[peers] = _typical(logs[peers])
+    return centre - logs
+
+
+def _typical(logs: np.ndarray) -> float:
+    return float(np.quantile(logs, 0.75)) - Q75 * _upper_spread(logs)
+
+
+def _upper_spread(logs: np.ndarray) -> float:
+    """The noise's standard deviation from the 75th and 90th percentiles, as for a normal law."""
+    return float(np.quantile(logs, 0.90) - np.quantile(logs, 0.75)) / (Q90 - Q75)
+
+
+def _classes(topology: nx.MultiGraph, probes: Probes) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray]:
+    """The components every probe may cross alike, each class with the probes (indices); and
+    each probe's hop count."""
+    graph = nx.Graph(topology)
+    switches = {n for n, kind in topology.nodes(data="kind") if kind == "switch"}
+    nics = {h: host_nic(topology, h) for h in probes.hosts}
+    may: dict[Component, list[int]] = defaultdict(list)
+    hops = np.zeros(len(probes.src), np.int64)
+    for p, (s, d) in enumerate(zip(probes.src, probes.dst)):
+        crossed: set[Component] = set()
+        for path in nx.all_shortest_paths(graph, nics[probes.hosts[s]], nics[probes.hosts[d]]):
+            crossed.update(zip(path, path[1:]))
+            crossed.update(n for n in path if n in switches)
+            hops[p] = len(path) - 1
+        for component in crossed:
+            may[component].append(p)
+    grouped: dict[tuple[int, ...], list[Component]] = defaultdict(list)
+    for component, crossing in may.items():
+        grouped[tuple(crossing)].append(component)
+    return [(np.asarray(crossing), members) for crossing, members in grouped.items()], hops
+
+
+def _suspect(topology: nx.MultiGraph, members: list[Component], score: float, crossing: np.ndarray,
+             shortfall: np.ndarray) -> Suspect:
+    def kind(c: Component) -> str:
+        if isinstance(c, str):
+            return "switch"
+        return "nic" if any(topology.nodes[n].get("kind") == "nic" for n in c) else "link"
+
+    order = {"nic": 0, "link": 1, "switch": 2}
+    members = sorted(members, key=lambda c: (order[kind(c)], c if isinstance(c, tuple) else (c,)))
+    first = members[0]
+    evidence = {"probes": int(len(crossing)), "mean_shortfall_pct": round(float(-np.expm1(-shortfall[crossing].mean())) * 100, 1),
+                "same_as": [c if isinstance(c, str) else f"{c[0]}->{c[1]}" for c in members[1:]]}
+    if isinstance(first, str):
+        return Suspect("switch", first, score, evidence=evidence)
+    a, b = first
+    evidence = {"from": a, "to": b, **evidence}
+    if kind(first) == "nic":
+        nic = a if topology.nodes[a].get("kind") == "nic" else b
         host = next(n for n in topology[nic] if topology.nodes[n].get("kind") == "host")
         evidence["direction"] = "sending" if a == nic else "receiving"
         return Suspect("nic", nic, score, host=host, evidence=evidence)

@@ -43,7 +43,7 @@ import networkx as nx
 
 from dpro.errors import DproError
 
-__all__ = ["TopologyError", "access_links", "edge_switch", "fat_tree", "from_spec", "host_nic", "hosts", "link_name",
+__all__ = ["TopologyError", "access_links", "edge_switch", "fat_tree", "from_spec", "host_nic", "hosts", "link_name", "pods",
            "parse_ibnetdiscover", "read_topology", "validate"]
 
 KINDS = ("host", "nic", "switch")
@@ -289,6 +289,19 @@ def fat_tree(n_hosts: int, radix: int = 32) -> nx.MultiGraph:
 def edge_switch(topology: nx.MultiGraph, nic: str) -> str:
     """The switch a NIC is cabled to (the first by name)."""
     return min(n for n in topology[nic] if topology.nodes[n]["kind"] == "switch")
+
+
+def pods(topology: nx.MultiGraph) -> dict[str, str]:
+    """Each edge switch's pod, named by its first edge switch: edge switches cabled to the same
+    switches above them (a fat tree's pod; all leaves of a leaf-spine fabric)."""
+    edges = {s for n, kind in topology.nodes(data="kind") if kind == "nic" for s in topology[n]
+             if topology.nodes[s]["kind"] == "switch"}
+    above = {e: frozenset(n for n in topology[e] if topology.nodes[n]["kind"] == "switch" and n not in edges)
+             for e in edges}
+    first: dict[frozenset[str], str] = {}
+    for e in sorted(edges, key=_natural):
+        first.setdefault(above[e], e)
+    return {e: first[above[e]] for e in edges}
 
 
 def access_links(topology: nx.MultiGraph, host: str, nic: str) -> list[str]:

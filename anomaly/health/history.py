@@ -94,23 +94,28 @@ class History:
         self.engine = engine
 
     @classmethod
-    def open(cls, url: str | None = None, upgrade: bool = True) -> History:
+    def open(cls, url: str | None = None, read_only: bool = False) -> History:
         """Open (creating an SQLite file and its folder if need be) and bring the schema to the
-        newest migration."""
+        newest migration; ``read_only``: neither, the database must exist at the newest migration."""
         url = url or default_url()
         try:
             parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError:
             raise HistoryError(f"not a database URL: {url!r} (e.g. sqlite:///health.db)") from None
+        shown = parsed.render_as_string(hide_password=True)
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(parsed.database).expanduser()
+            if read_only and not path.is_file():
+                raise HistoryError(f"cannot open the health database {shown}: no such file {path}")
+            path.parent.mkdir(parents=True, exist_ok=True)
         try:
             engine = sa.create_engine(parsed)
-            if upgrade:
+            if read_only:
+                _check_schema(engine, shown)
+            else:
                 _upgrade(engine)
         except (SQLAlchemyError, ImportError, OSError) as e:
-            raise HistoryError(f"cannot open the health database {parsed.render_as_string(hide_password=True)}: "
-                               f"{str(e).splitlines()[0]}") from None
+            raise HistoryError(f"cannot open the health database {shown}: {str(e).splitlines()[0]}") from None
         return cls(engine)
 
     def __enter__(self) -> History:
@@ -181,13 +186,34 @@ class History:
 def _upgrade(engine: sa.Engine) -> None:
     """``alembic upgrade head`` on this engine."""
     from alembic import command
+
+    config = _alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+
+
+def _check_schema(engine: sa.Engine, shown: str) -> None:
+    """A :class:`HistoryError` unless the database is at the newest migration."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    if current is None:
+        raise HistoryError(f"{shown} is not a health history (no schema revision)")
+    if current != head:
+        raise HistoryError(f"the health database {shown} is at schema revision {current}, this dpro reads {head} "
+                           "('dpro health history --db URL' upgrades an older one)")
+
+
+def _alembic_config() -> Any:
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    return config
 
 
 def _time(iso: str) -> datetime:

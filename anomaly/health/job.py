@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dpro.anomaly.fabric.probes import Probes, to_matrix
-from dpro.anomaly.fabric.topology import edge_switch, host_nic, read_topology
+from dpro.anomaly.fabric.topology import edge_switch, host_nic, pods, read_topology
 
 from dpro.anomaly.health.collectives import run_collectives
 from dpro.anomaly.health.config import HealthConfig, HealthConfigError
@@ -67,7 +68,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         host = socket.gethostname()
         rank_hosts: list[str] = [""] * dist.get_world_size()
         dist.all_gather_object(rank_hosts, host)
-        groups = _edge_switches(topology, rank_hosts) if topology is not None else None
+        tiers = _tiers(topology, rank_hosts) if topology is not None else []
         leader = dist.get_rank() in leaders(rank_hosts)
         gpus, nics = GpuWatch(), NicWatch(sysfs_root)
         if leader:
@@ -75,7 +76,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
             nics.start()
         job_checks = run_collectives(config.collectives.ops, config.collectives.sizes_mb,
                                      config.collectives.iterations, device)
-        probes = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device, groups)
+        probes = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device, tiers)
         node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((host, node_checks), gathered, dst=0)
@@ -97,7 +98,8 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
         nodes[h].checks += checks
     report = HealthReport(started, _now(), list(nodes.values()) + [Node(JOB, job_checks)],
                           facts={"world_size": len(rank_hosts), "backend": backend,
-                                 "hosts": list(nodes), "ranks_per_host": {h: rank_hosts.count(h) for h in nodes}})
+                                 "hosts": list(nodes), "ranks_per_host": {h: rank_hosts.count(h) for h in nodes},
+                                 "rules": asdict(config.rules)})
     if probes is not None:
         report.suspects = judge_network(report, probes, topology)
         report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes)}
@@ -108,12 +110,15 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
     return report
 
 
-def _edge_switches(topology: Any, rank_hosts: list[str]) -> dict[str, str]:
-    """Each host's edge switch; every rank raises the same error when a host is not in the topology."""
+def _tiers(topology: Any, rank_hosts: list[str]) -> list[dict[str, str]]:
+    """Each host's edge switch and pod; every rank raises the same error when a host is not in
+    the topology."""
     missing = sorted(set(rank_hosts) - set(topology))
     if missing:
         raise HealthConfigError(f"host {missing[0]} is in the job but not in the topology")
-    return {h: edge_switch(topology, host_nic(topology, h)) for h in set(rank_hosts)}
+    edges = {h: edge_switch(topology, host_nic(topology, h)) for h in set(rank_hosts)}
+    pod = pods(topology)
+    return [edges, {h: pod[e] for h, e in edges.items()}]
 
 
 def _matrix(probes: Probes) -> list[list[float | None]]:

@@ -2,8 +2,9 @@
 
 One rank per host (its lowest) probes. Each round pairs hosts off; a pair measures one way, then
 the other, while the other pairs of the round do the same. Every pair of hosts meets once.
-Given each host's edge switch (from a topology), at most one pair per round leaves any switch,
-so on a leaf-spine fabric no two probes of a round share an uplink, whichever path ECMP picks.
+Given each host's edge switch and pod (from a topology), at most one pair per round leaves any
+switch and any pod, so on a leaf-spine fabric or a three-tier fat tree no two probes of a round
+share a link, whichever path ECMP picks.
 
 A direction is measured by sending messages of ``megabytes`` back to back, as many as fill about
 ``seconds`` (sized from one timed message), and waiting for the receiver's acknowledgement.
@@ -33,27 +34,25 @@ def leaders(rank_hosts: Sequence[str]) -> list[int]:
     return list(seen.values())
 
 
-def probe_rounds(n: int, groups: Sequence[str] | None = None) -> list[list[tuple[int, int]]]:
-    """Rounds of disjoint pairs of host indices ``0..n-1`` covering every pair once. With
-    ``groups`` (each host's edge switch), at most one pair per round joins two groups, per group."""
-    constrained = groups is not None
-    groups = list(groups) if groups is not None else [""] * n
+def probe_rounds(n: int, tiers: Sequence[Sequence[str]] = ()) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint pairs of host indices ``0..n-1`` covering every pair once. Each of
+    ``tiers`` names every host's group at one tier (its edge switch, its pod): at most one pair
+    per round leaves any group of any tier."""
     left = [(a, b) for a in range(n) for b in range(a + 1, n)]
     # In the circle method's order ((a + b) mod n), n - 1 rounds suffice without groups.
     left.sort(key=lambda p: ((p[0] + p[1]) % n, p))
     rounds = []
     while left:
         busy_hosts: set[int] = set()
-        leaving: set[str] = set()
+        leaving: set[tuple[int, str]] = set()  # (tier, group)
         chosen = []
         for a, b in left:
-            cross = constrained and groups[a] != groups[b]
-            if a in busy_hosts or b in busy_hosts or (cross and (groups[a] in leaving or groups[b] in leaving)):
+            exits = {(t, g[h]) for t, g in enumerate(tiers) if g[a] != g[b] for h in (a, b)}
+            if a in busy_hosts or b in busy_hosts or exits & leaving:
                 continue
             chosen.append((a, b))
             busy_hosts |= {a, b}
-            if cross:
-                leaving |= {groups[a], groups[b]}
+            leaving |= exits
         rounds.append(chosen)
         taken = set(chosen)
         left = [p for p in left if p not in taken]
@@ -61,15 +60,15 @@ def probe_rounds(n: int, groups: Sequence[str] | None = None) -> list[list[tuple
 
 
 def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float, device: torch.device,
-                     groups: dict[str, str] | None = None) -> Probes | None:
+                     tiers: Sequence[dict[str, str]] = ()) -> Probes | None:
     """The probes (Gb/s, sender to receiver) on every rank; None with a single host. Every rank
-    must call it; ``groups``: host -> edge switch, to keep probes of a round apart."""
+    must call it; ``tiers``: host -> edge switch, host -> pod, to keep probes of a round apart."""
     heads = leaders(rank_hosts)
     hosts = [rank_hosts[r] for r in heads]
     if len(heads) < 2:
         return None
     me = dist.get_rank()
-    rounds = probe_rounds(len(heads), [groups.get(h, h) for h in hosts] if groups else None)
+    rounds = probe_rounds(len(heads), [[tier.get(h, h) for h in hosts] for tier in tiers])
     elements = max(1, int(megabytes * 2**20) // 4)
     found: list[tuple[int, int, int, float]] = []
     for index, pairs in enumerate(rounds):

@@ -3,11 +3,13 @@ its evidence.
 
 The baseline of a metric (``check/metric`` on a host) is the baseline file's value when it has
 one, else learned from the history: the median of the same host's values in the last
-``rules.nights`` runs, after dropping outliers (more than 3.5 robust standard deviations from
-the median, the robust deviation being 1.4826 × the median absolute deviation), given at least
-``rules.min_nights`` of them. A value worse than its baseline by ``degraded_pct`` or more — and,
-for a learned baseline, by more than three robust deviations of the history, so that a metric
-that is noisy night to night is not flagged for its noise — degrades the check; by
+``rules.nights`` runs, after dropping outliers, given at least ``rules.min_nights`` of them.
+Night-to-night noise is taken as multiplicative (a bandwidth varies by a factor, not by a
+fixed amount), so the history is judged on a log scale: its robust deviation is 1.4826 × the
+median absolute deviation of the log values, and an outlier lies more than 3.5 of them from
+their median. A value worse than its baseline by ``degraded_pct`` or more — and, for a learned
+baseline, by more than three robust deviations of the history on that log scale, so that a
+metric that is noisy night to night is not flagged for its noise — degrades the check; by
 ``failed_pct`` or more, fails it. Counts (errors, events) are judged by their own checks, not
 against a baseline.
 """
@@ -31,7 +33,8 @@ MAD_TO_SIGMA = 1.4826
 
 @dataclass(frozen=True)
 class Baseline:
-    """An expected value, its robust spread (0 when given, not learned) and where it came from."""
+    """An expected value, the robust deviation of the log of the values it was learned from (0
+    when given, not learned) and where it came from."""
 
     value: float
     spread: float
@@ -40,16 +43,19 @@ class Baseline:
 
 def learned(history: Sequence[float], rules: Rules) -> Baseline | None:
     """The baseline learned from earlier values (module docstring), or None with too few."""
-    values = np.asarray([v for v in history if np.isfinite(v)], np.float64)
+    values = np.asarray([v for v in history if np.isfinite(v) and v > 0], np.float64)
     if len(values) < rules.min_nights:
         return None
-    median = float(np.median(values))
-    sigma = MAD_TO_SIGMA * float(np.median(np.abs(values - median)))
+    logs = np.log(values)
+    sigma = _log_sigma(logs)
     if sigma > 0:
-        values = values[np.abs(values - median) <= OUTLIER_Z * sigma]
-        median = float(np.median(values))
-        sigma = MAD_TO_SIGMA * float(np.median(np.abs(values - median)))
-    return Baseline(median, sigma, f"median of {len(values)} earlier runs")
+        values = values[np.abs(logs - np.median(logs)) <= OUTLIER_Z * sigma]
+        sigma = _log_sigma(np.log(values))
+    return Baseline(float(np.median(values)), sigma, f"median of {len(values)} earlier runs")
+
+
+def _log_sigma(logs: np.ndarray) -> float:
+    return MAD_TO_SIGMA * float(np.median(np.abs(logs - np.median(logs))))
 
 
 def judge(metric: Metric, baseline: Baseline, rules: Rules) -> tuple[str, float]:
@@ -60,12 +66,23 @@ def judge(metric: Metric, baseline: Baseline, rules: Rules) -> tuple[str, float]
     worse = (baseline.value - metric.value) / abs(baseline.value)
     if not metric.higher_is_better:
         worse = -worse
-    beyond_noise = worse * abs(baseline.value) > NOISE_SIGMAS * baseline.spread
+    beyond_noise = _log_shortfall(metric, baseline) > NOISE_SIGMAS * baseline.spread
     if worse * 100 >= rules.failed_pct and beyond_noise:
         return "fail", worse
     if worse * 100 >= rules.degraded_pct and beyond_noise:
         return "warn", worse
     return "pass", worse
+
+
+def _log_shortfall(metric: Metric, baseline: Baseline) -> float:
+    """How many times worse than the baseline the value is, on a log scale (inf for a value of 0
+    or less where higher is better)."""
+    if baseline.spread == 0:
+        return np.inf
+    if metric.value <= 0:
+        return np.inf if metric.higher_is_better else -np.inf
+    ratio = float(np.log(baseline.value / metric.value))
+    return ratio if metric.higher_is_better else -ratio
 
 
 def apply_rules(report: HealthReport, config: HealthConfig,

@@ -1,26 +1,36 @@
 """Trends across nights: for the newest run in the history, each host's comparable metrics
 against the baseline learned from the earlier runs (:func:`dpro.anomaly.health.rules.learned`),
-regressions flagged as the rules would flag them."""
+regressions flagged as the rules would flag them: the rules given, else those the newest run was
+judged by (stored with it), so that the history agrees with the nightly job's verdicts."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.model import Metric
 from dpro.anomaly.health.rules import judge, learned
 
-__all__ = ["trends"]
+__all__ = ["rules_of", "trends"]
 
 
-def trends(runs: list[dict[str, Any]], rules: Rules, host: str | None = None) -> dict[str, Any]:
+def rules_of(run: dict[str, Any]) -> Rules:
+    """The rules a run (as :meth:`History.runs` gives it) was judged by; the defaults for a run
+    stored without them."""
+    stored = run["facts"].get("rules", {})
+    return Rules(**{f.name: stored[f.name] for f in fields(Rules) if f.name in stored})
+
+
+def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | None = None) -> dict[str, Any]:
     """``{"runs": [{id, started, verdict}] oldest first, "nodes": {host: {key: {"values",
     "baseline", "worse_pct", "status"}}}, "regressions": [...]}`` from :meth:`History.runs`
-    (newest first)."""
+    (newest first), judged by ``rules`` (default: the newest run's)."""
     out: dict[str, Any] = {"runs": [{k: r[k] for k in ("id", "started", "verdict")} for r in reversed(runs)],
                            "nodes": {}, "regressions": []}
     if not runs:
         return out
+    rules = rules or rules_of(runs[0])
     newest, earlier = runs[0], runs[1:]
     for name, node in sorted(newest["nodes"].items()):
         if host is not None and name != host:

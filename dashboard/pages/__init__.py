@@ -1,1 +1,2 @@
-"""The dashboard's pages: each a ``layout(view, views)`` and a ``register(app, views)`` of its callbacks."""
+"""The dashboard's pages: each run page a ``layout(view, views)`` and a ``register(app, views)`` of
+its callbacks; the Health page a ``layout(health)`` and a ``register(app, health)``."""

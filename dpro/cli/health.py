@@ -190,7 +190,7 @@ def _node_problem(db: str | None) -> int:
               help="How many runs to look back over (the newest and the ones before it).")
 @click.option("--host", help="Only this host.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="health.yaml whose rules flag regressions.")
+              help="health.yaml whose rules flag regressions (default: the rules the newest run was judged by).")
 def history_command(db: str | None, as_json: bool, nights: int, host: str | None, config_path: Path | None) -> None:
     """Trends per node over the last nights, regressions against earlier nights flagged.
     Exit code 1 when the newest run regressed, 0 when not."""
@@ -198,7 +198,7 @@ def history_command(db: str | None, as_json: bool, nights: int, host: str | None
     from dpro.anomaly.health.history import History
     from dpro.anomaly.health.trends import trends
 
-    rules = load_config(config_path).rules
+    rules = load_config(config_path).rules if config_path is not None else None
     with History.open(db) as history:
         found = trends(history.runs(nights), rules, host)
     if as_json:
