@@ -13,7 +13,7 @@ import numpy as np
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import JOB
-from dpro.anomaly.health.trends import rules_of, trends
+from dpro.anomaly.health.trends import newest_trends
 
 __all__ = ["NIGHTS", "HealthView"]
 
@@ -35,11 +35,9 @@ class HealthView:
         ``rules.nights`` before it, as the nightly check judges it (default: by the rules
         stored with the newest night)."""
         with History.open(url, read_only=True) as history:
-            newest = history.runs(1)
-            rules = rules or (rules_of(newest[0]) if newest else Rules())
-            runs = history.runs(max(NIGHTS, rules.nights + 1))
+            runs, found = newest_trends(history, rules, NIGHTS)
             name = history.engine.url.render_as_string(hide_password=True)
-        return cls(name, runs[:NIGHTS], trends(runs[:rules.nights + 1], rules)["regressions"])
+        return cls(name, runs[:NIGHTS], found["regressions"])
 
     @property
     def nights(self) -> list[str]:

@@ -23,7 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from benchmarks.fabric_sim import Background, Fault, leaf_spine, measure, topology_spec
 from dpro.anomaly.fabric.directed import localize_directed
 from dpro.anomaly.fabric.probes import Probes
-from dpro.anomaly.fabric.topology import edge_switch, fat_tree, from_spec, host_nic, hosts, pods
+from dpro.anomaly.fabric.topology import fat_tree, from_spec, host_nic, hosts, probe_tiers
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.collectives import bus_factor
 from dpro.anomaly.health.history import History
@@ -71,8 +71,8 @@ def _simulated_probes(fault: Fault | None, seed: int) -> tuple[object, Probes]:
     the health check's schedule with 3% noise and light traffic from other tenants."""
     fabric = leaf_spine(4, 4, 2)
     topology = from_spec(topology_spec(fabric))
-    edges = [edge_switch(topology, host_nic(topology, h)) for h in fabric.hosts]
-    rows = np.array(measure(fabric, probe_rounds(16, [edges]), [fault] if fault else [], 0.03,
+    tiers = probe_tiers(topology, fabric.hosts)
+    rows = np.array(measure(fabric, probe_rounds(16, [[t[h] for h in fabric.hosts] for t in tiers]), [fault] if fault else [], 0.03,
                             Background(0.25), np.random.default_rng(seed)))
     return topology, Probes(fabric.hosts, rows[:, 0].astype(int), rows[:, 1].astype(int), rows[:, 2].astype(int),
                             rows[:, 3])
@@ -97,10 +97,9 @@ def test_on_a_fat_tree_no_two_probes_of_a_round_may_share_a_link(radix: int) -> 
     graph = nx.Graph(topology)
     names = hosts(topology)
     nics = [host_nic(topology, h) for h in names]
-    edges = [edge_switch(topology, nic) for nic in nics]
-    pod = pods(topology)
-    assert len(set(pod.values())) == radix and len(set(edges)) == radix**2 // 2
-    rounds = probe_rounds(len(names), [edges, [pod[e] for e in edges]])
+    edges, pod = probe_tiers(topology, names)
+    assert len(set(pod.values())) == radix and len(set(edges.values())) == radix**2 // 2
+    rounds = probe_rounds(len(names), [[edges[h] for h in names], [pod[h] for h in names]])
     assert sorted(sorted(p) for r in rounds for p in r) == [[a, b] for a in range(len(names))
                                                             for b in range(a + 1, len(names))]
     for r in rounds:

@@ -43,7 +43,7 @@ import networkx as nx
 
 from dpro.errors import DproError
 
-__all__ = ["TopologyError", "access_links", "edge_switch", "fat_tree", "from_spec", "host_nic", "hosts", "link_name", "pods",
+__all__ = ["TopologyError", "access_links", "edge_switch", "fat_tree", "from_spec", "host_nic", "hosts", "link_name", "pods", "probe_tiers",
            "parse_ibnetdiscover", "read_topology", "validate"]
 
 KINDS = ("host", "nic", "switch")
@@ -302,6 +302,14 @@ def pods(topology: nx.MultiGraph) -> dict[str, str]:
     for e in sorted(edges, key=_natural):
         first.setdefault(above[e], e)
     return {e: first[above[e]] for e in edges}
+
+
+def probe_tiers(topology: nx.MultiGraph, names: list[str]) -> list[dict[str, str]]:
+    """Each host's edge switch and each host's pod: the groups a probe schedule keeps probes
+    of a round apart by (:func:`dpro.anomaly.health.pairwise.probe_rounds`)."""
+    edges = {h: edge_switch(topology, host_nic(topology, h)) for h in names}
+    pod = pods(topology)
+    return [edges, {h: pod[e] for h, e in edges.items()}]
 
 
 def access_links(topology: nx.MultiGraph, host: str, nic: str) -> list[str]:

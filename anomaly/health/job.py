@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dpro.anomaly.fabric.probes import Probes, to_matrix
-from dpro.anomaly.fabric.topology import edge_switch, host_nic, pods, read_topology
+from dpro.anomaly.fabric.topology import probe_tiers, read_topology
 
 from dpro.anomaly.health.collectives import run_collectives
 from dpro.anomaly.health.config import HealthConfig, HealthConfigError
@@ -116,9 +116,7 @@ def _tiers(topology: Any, rank_hosts: list[str]) -> list[dict[str, str]]:
     missing = sorted(set(rank_hosts) - set(topology))
     if missing:
         raise HealthConfigError(f"host {missing[0]} is in the job but not in the topology")
-    edges = {h: edge_switch(topology, host_nic(topology, h)) for h in set(rank_hosts)}
-    pod = pods(topology)
-    return [edges, {h: pod[e] for h, e in edges.items()}]
+    return probe_tiers(topology, sorted(set(rank_hosts)))
 
 
 def _matrix(probes: Probes) -> list[list[float | None]]:

@@ -4,7 +4,10 @@ One rank per host (its lowest) probes. Each round pairs hosts off; a pair measur
 the other, while the other pairs of the round do the same. Every pair of hosts meets once.
 Given each host's edge switch and pod (from a topology), at most one pair per round leaves any
 switch and any pod, so on a leaf-spine fabric or a three-tier fat tree no two probes of a round
-share a link, whichever path ECMP picks.
+share a link, whichever path ECMP picks. That costs rounds where pods are many: a k=4 fat tree
+(16 hosts) takes 52 rounds instead of 15, k=6 (54 hosts) 486, k=8 (128 hosts) 1,799 — at the
+default 0.4 s a direction, 25 minutes; such a fabric needs a schedule that lets a pod send as
+many pairs as it has uplinks, which this one does not yet do.
 
 A direction is measured by sending messages of ``megabytes`` back to back, as many as fill about
 ``seconds`` (sized from one timed message), and waiting for the receiver's acknowledgement.

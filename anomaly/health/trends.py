@@ -9,10 +9,11 @@ from dataclasses import fields
 from typing import Any
 
 from dpro.anomaly.health.config import Rules
+from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import Metric
 from dpro.anomaly.health.rules import judge, learned
 
-__all__ = ["rules_of", "trends"]
+__all__ = ["newest_trends", "rules_of", "trends"]
 
 
 def rules_of(run: dict[str, Any]) -> Rules:
@@ -20,6 +21,16 @@ def rules_of(run: dict[str, Any]) -> Rules:
     stored without them."""
     stored = run["facts"].get("rules", {})
     return Rules(**{f.name: stored[f.name] for f in fields(Rules) if f.name in stored})
+
+
+def newest_trends(history: History, rules: Rules | None = None, shown: int = 1,
+                  host: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The newest runs of ``history`` (at least ``shown``, and as many as the rules' baseline
+    needs), newest first, and their :func:`trends` by ``rules`` (default: the newest run's)."""
+    newest = history.runs(1)
+    rules = rules or (rules_of(newest[0]) if newest else Rules())
+    runs = history.runs(max(shown, rules.nights + 1))
+    return runs, trends(runs, rules, host)
 
 
 def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | None = None) -> dict[str, Any]:
@@ -38,7 +49,7 @@ def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | N
         rows = {}
         for key, higher in sorted(node["comparable"].items()):
             past = [r["nodes"][name]["metrics"][key] for r in earlier
-                    if name in r["nodes"] and key in r["nodes"][name]["metrics"]]
+                    if name in r["nodes"] and key in r["nodes"][name]["metrics"]][:rules.nights]
             value = node["metrics"][key]
             baseline = learned(past, rules)
             row: dict[str, Any] = {"values": [*reversed(past), value], "baseline": None, "worse_pct": None,

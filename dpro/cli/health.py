@@ -186,8 +186,9 @@ def _node_problem(db: str | None) -> int:
 @health.command("history")
 @click.option("--db", help=DB_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--nights", default=14, show_default=True, type=click.IntRange(2, 1000),
-              help="How many runs to look back over (the newest and the ones before it).")
+@click.option("--nights", default=15, show_default=True, type=click.IntRange(2, 1000),
+              help="How many runs to show at least (the newest and the ones before it); the baseline always "
+                   "takes the rules' number of earlier nights.")
 @click.option("--host", help="Only this host.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="health.yaml whose rules flag regressions (default: the rules the newest run was judged by).")
@@ -196,11 +197,11 @@ def history_command(db: str | None, as_json: bool, nights: int, host: str | None
     Exit code 1 when the newest run regressed, 0 when not."""
     from dpro.anomaly.health.config import load_config
     from dpro.anomaly.health.history import History
-    from dpro.anomaly.health.trends import trends
+    from dpro.anomaly.health.trends import newest_trends
 
     rules = load_config(config_path).rules if config_path is not None else None
     with History.open(db) as history:
-        found = trends(history.runs(nights), rules, host)
+        _, found = newest_trends(history, rules, nights, host)
     if as_json:
         click.echo(json.dumps(found, indent=1))
     else:

@@ -1,0 +1,291 @@
+"""The health check's link localization, scored on a simulator that shares none of its code.
+
+:mod:`benchmarks.fabric_sim` routes every probe by its own per-switch ECMP hash of the
+5-tuple (paths the localizer cannot see), slows one direction of a cable or every link
+leaving a switch, adds other tenants' flows, shares links max-min fairly and adds
+multiplicative measurement noise. The only thing it shares with dpro is the topology file
+format. dpro's side is the health check's own path: the probe schedule of
+:func:`dpro.anomaly.health.pairwise.probe_rounds` (one pair per round leaving any edge
+switch or pod) and :func:`dpro.anomaly.health.network.judge_network`, which localizes with
+the topology (:mod:`dpro.anomaly.fabric.directed`).
+
+**Faults.** One per trial: an access link (40%; either direction, i.e. a NIC sending or
+receiving), an inter-switch link (40%, either direction) or a switch (20%: every link leaving
+it). Sizes 5–40% of the capacity, noise 3–10%. Other tenants: ``LIGHT`` (0.25 flows a phase,
+each capped at up to half a host link) in the sweep, ``HEAVY`` (1 flow a phase) at 5% noise;
+the case names the share of healthy probes they slow. Fabrics: a 4×4-host leaf–spine with 2
+spines and a k=4 fat tree (16 hosts each, 100 Gb/s everywhere).
+
+**Scoring.** A suspect is right when the directed links it names (its own and its
+``same_as``; a switch: every link leaving it) include a faulty one; a fault is found when some
+suspect is right. Recall: found faults / faults, with a Wilson 95% interval; precision: right
+suspects / suspects, with a bootstrap 95% interval over trials (nan when nothing was named).
+Trials without a fault give the false-alarm rate. The baseline blames what an operator reading
+the matrix would: the sending NIC of the slowest probe.
+
+**Tuning vs scoring.** The localizer's ``clip``, ``z_class`` and ``z_count`` were chosen by :func:`tune`
+on trials of ``TUNING_SEED`` (``python -m benchmarks.health_localization --tune``); the
+figures come from trials of ``SCORING_SEED``, never used for tuning.
+
+    python -m benchmarks health_localization [--quick]
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from dpro.anomaly.fabric.directed import CLIP, Z_CLASS, Z_COUNT, localize_directed
+from dpro.anomaly.fabric.probes import Probes, analyze
+from dpro.anomaly.fabric.topology import from_spec, probe_tiers
+from dpro.anomaly.health.model import HealthReport
+from dpro.anomaly.health.network import judge_network
+from dpro.anomaly.health.pairwise import probe_rounds
+from dpro.anomaly.suspects import Suspect
+
+from . import fabric_sim as sim
+
+TUNING_SEED = 1
+SCORING_SEED = 2024_11_25
+FAULTS_PER_POINT, QUICK_FAULTS_PER_POINT, TUNING_FAULTS = 200, 40, 100
+SIZES = (0.05, 0.10, 0.20, 0.40)
+NOISES = (0.03, 0.05, 0.10)
+LIGHT, HEAVY = sim.Background(flows=0.25, max_demand=0.5), sim.Background(flows=1.0, max_demand=0.5)
+HEAVY_NOISE = 0.05
+KINDS = (("access", 0.4), ("inter-switch", 0.4), ("switch", 0.2))
+GOAL_RECALL, GOAL_PRECISION, GOAL_SIZE, GOAL_ALARMS = 0.95, 0.90, 0.10, 0.05
+CLIPS, Z_CLASSES, Z_COUNTS = (2.5, 3.0), (5.0, 6.0), (3.5, 4.0, 5.0)
+
+Localize = Callable[["Case", Probes], list[Suspect]]
+
+
+@dataclass
+class Case:
+    """A fabric as the simulator has it, as dpro reads it, and the health check's schedule."""
+
+    name: str
+    fabric: sim.Fabric
+    topology: nx.MultiGraph = field(init=False)
+    rounds: list[list[tuple[int, int]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.topology = from_spec(sim.topology_spec(self.fabric))
+        tiers = probe_tiers(self.topology, self.fabric.hosts)
+        self.rounds = probe_rounds(len(self.fabric.hosts), [[tier[h] for h in self.fabric.hosts] for tier in tiers])
+
+
+@dataclass
+class Tally:
+    """Per trial of one point of the sweep: the fault's kind, whether it was found, suspects
+    right and named (and the baseline's), and the localizer's seconds."""
+
+    kinds: list[str] = field(default_factory=list)
+    found: list[bool] = field(default_factory=list)
+    right: list[int] = field(default_factory=list)
+    named: list[int] = field(default_factory=list)
+    baseline_found: list[bool] = field(default_factory=list)
+    baseline_right: list[int] = field(default_factory=list)
+    baseline_named: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+def cases() -> list[Case]:
+    """The fabrics scored: a 4x4-host leaf-spine with 2 spines and a k=4 fat tree."""
+    return [Case("leaf-spine 4x4 hosts, 2 spines", sim.leaf_spine(4, 4, 2)), Case("fat tree k=4, 16 hosts", sim.fat_tree(4))]
+
+
+def health_check(case: Case, probes: Probes) -> list[Suspect]:
+    """What ``dpro health`` names, given the topology."""
+    return judge_network(HealthReport("", "", []), probes, case.topology)
+
+
+def matrix_only(probes: Probes) -> list[Suspect]:
+    """The baseline: what ``dpro health`` names without a topology (hosts, from the matrix)."""
+    return [s for s in analyze(probes) if s.kind == "host"]
+
+
+def draw_fault(fabric: sim.Fabric, rng: np.random.Generator, size: float) -> sim.Fault:
+    """One fault of ``size``, its kind drawn with the probabilities of ``KINDS``."""
+    kind = rng.choice([k for k, _ in KINDS], p=[p for _, p in KINDS])
+    if kind == "switch":
+        return sim.random_fault(fabric, rng, size, kinds=("switch",))
+    return sim.random_fault(fabric, rng, size, kinds=("link",), access_share=1.0 if kind == "access" else 0.0)
+
+
+def kind_of(fabric: sim.Fabric, fault: sim.Fault) -> str:
+    """``access``, ``inter-switch`` or ``switch``."""
+    if fault.kind == "switch":
+        return "switch"
+    return "access" if any(end in fabric.hosts for end in fault.where) else "inter-switch"
+
+
+def finds(suspect: Suspect, fault: sim.Fault) -> bool:
+    """Whether ``suspect`` names ``fault``: a link fault by that direction of that cable among
+    the directed links it names (its own and its ``same_as``), a switch fault by that switch
+    among the switches it names; a host (no topology) names both directions of its access link.
+    Links leaving a faulty switch do not name the switch."""
+    names = {suspect.name if suspect.kind in ("switch", "host") else f"{suspect.evidence['from']}->{suspect.evidence['to']}",
+             *suspect.evidence.get("same_as", [])}
+    if fault.kind == "switch":
+        return fault.where in names
+    a, b = fault.where
+    if suspect.kind == "host":
+        return suspect.name in (a, b)
+    return f"{sim.dpro_name(a)}->{sim.dpro_name(b)}" in names
+
+
+def trial(case: Case, rng: np.random.Generator, size: float, noise: float, background: sim.Background,
+          tally: Tally, localize: Localize = health_check) -> None:
+    """Inject a fault of ``size`` (none for 0), probe on the health check's schedule, localize,
+    and score the suspects and the baseline's into ``tally``."""
+    fault = draw_fault(case.fabric, rng, size) if size > 0 else None
+    rows = np.array(sim.measure(case.fabric, case.rounds, [fault] if fault else [], noise, background, rng))
+    probes = Probes(case.fabric.hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64),
+                    rows[:, 2].astype(np.int64), rows[:, 3])
+    started = time.perf_counter()
+    suspects = localize(case, probes)
+    tally.seconds.append(time.perf_counter() - started)
+    right = [fault is not None and finds(s, fault) for s in suspects]
+    tally.kinds.append(kind_of(case.fabric, fault) if fault else "")
+    tally.found.append(any(right))
+    tally.right.append(sum(right))
+    tally.named.append(len(suspects))
+    blamed = matrix_only(probes)
+    tally.baseline_found.append(fault is not None and any(finds(s, fault) for s in blamed))
+    tally.baseline_right.append(sum(fault is not None and finds(s, fault) for s in blamed))
+    tally.baseline_named.append(len(blamed))
+
+
+def points() -> list[tuple[sim.Background, float, float]]:
+    """(background, noise, size) of the sweep; size 0 is a healthy fabric."""
+    light = [(LIGHT, noise, size) for noise in NOISES for size in (0.0, *SIZES)]
+    return light + [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES)]
+
+
+def sweep(seed: int, faults: int, grid: list[tuple[sim.Background, float, float]],
+          localize: Localize = health_check, fabrics: list[Case] | None = None
+          ) -> dict[tuple[str, sim.Background, float, float], Tally]:
+    """``faults`` trials of every case at every point of ``grid``."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for case in fabrics or cases():
+        for background, noise, size in grid:
+            tally = out[case.name, background, noise, size] = Tally()
+            for _ in range(faults):
+                trial(case, rng, size, noise, background, tally, localize)
+    return out
+
+
+def slowed_by_background(case: Case, background: sim.Background, seed: int, runs: int = 20) -> float:
+    """The share of a healthy fabric's probes that other tenants slow by more than 1%."""
+    rng = np.random.default_rng(seed)
+    rates = np.concatenate([np.array(sim.measure(case.fabric, case.rounds, [], 0.0, background, rng))[:, 3]
+                            for _ in range(runs)])
+    return float(np.mean(rates < 0.99 * np.max(rates)))
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_ratio(top: list[int], bottom: list[int], rng: np.random.Generator, draws: int = 2000) -> tuple[float, float]:
+    """A 95% interval of sum(top) / sum(bottom), resampling trials."""
+    top_, bottom_ = np.asarray(top, float), np.asarray(bottom, float)
+    picks = rng.integers(len(top_), size=(draws, len(top_)))
+    sums = bottom_[picks].sum(axis=1)
+    ratios = top_[picks].sum(axis=1)[sums > 0] / sums[sums > 0]
+    if not len(ratios):
+        return float("nan"), float("nan")
+    return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
+
+
+def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
+    """The benchmark's rows: false alarms, recall (and by fault kind) and precision per point,
+    each with its 95% interval and the matrix-only baseline beside it."""
+    rng = np.random.default_rng(0)
+    by_name = {c.name: c for c in fabrics}
+    exposure = {(name, bg): slowed_by_background(by_name[name], bg, seed) for name, bg, _, _ in results}
+    rows = []
+    for (name, background, noise, size), t in results.items():
+        case = (f"{name}, others slow {exposure[name, background]:.0%} of probes, noise {noise:.0%}, "
+                + (f"fault {size:.0%}" if size else "no fault") + f", {len(t.found)} trials (seed {seed})")
+        if not size:
+            alarms, baseline = np.mean(np.asarray(t.named) > 0), np.mean(np.asarray(t.baseline_named) > 0)
+            low, high = wilson(int(np.sum(np.asarray(t.named) > 0)), len(t.named))
+            rows.append(_row(case, f"false alarms [{low:.2f}, {high:.2f}]", alarms, baseline, f"<= {GOAL_ALARMS}",
+                             alarms <= GOAL_ALARMS))
+            continue
+        goal = size >= GOAL_SIZE
+        recall = float(np.mean(t.found))
+        low, high = wilson(sum(t.found), len(t.found))
+        by_kind = ", ".join(f"{kind} {sum(f for f, k in zip(t.found, t.kinds) if k == kind)}/{t.kinds.count(kind)}"
+                            for kind, _ in KINDS)
+        rows.append(_row(case, f"recall [{low:.2f}, {high:.2f}] ({by_kind})", recall, float(np.mean(t.baseline_found)),
+                         f">= {GOAL_RECALL}" if goal else "none (< 10%)", recall >= GOAL_RECALL or not goal))
+        precision = sum(t.right) / sum(t.named) if sum(t.named) else float("nan")
+        baseline = sum(t.baseline_right) / sum(t.baseline_named) if sum(t.baseline_named) else float("nan")
+        plow, phigh = bootstrap_ratio(t.right, t.named, rng)
+        rows.append(_row(case, f"precision [{plow:.2f}, {phigh:.2f}]", precision, baseline,
+                         f">= {GOAL_PRECISION}" if goal else "none (< 10%)", precision >= GOAL_PRECISION or not goal))
+    seconds = [s for t in results.values() for s in t.seconds]
+    rows.append(_row(f"all {len(seconds)} trials (seed {seed})", "localize s (median; max "
+                     f"{max(seconds):.3f})", float(np.median(seconds)), float("nan"), "none", True))
+    return rows
+
+
+def tune(faults: int = TUNING_FAULTS) -> tuple[float, float, float]:
+    """The (clip, z_class, z_count) of the grid with the best recall at 10–40% faults under
+    ``LIGHT`` background, among those with at most ``GOAL_ALARMS`` false alarms there at every
+    noise; trials of ``TUNING_SEED`` only. Prints each setting's figures."""
+    grid = [(LIGHT, noise, size) for noise in (0.03, 0.10) for size in (0.0, *SIZES[1:])]
+    best, best_recall = (float("nan"),) * 3, -1.0
+    for setting in itertools.product(CLIPS, Z_CLASSES, Z_COUNTS):
+        clip, z_class, z_count = setting
+
+        def localize(case: Case, probes: Probes) -> list[Suspect]:
+            return localize_directed(case.topology, probes, z_class=z_class, clip=clip, z_count=z_count)
+
+        results = sweep(TUNING_SEED, faults, grid, localize)
+        alarms = max(np.mean([n > 0 for n in t.named]) for (_, _, _, size), t in results.items() if not size)
+        recall = float(np.mean([np.mean(t.found) for (_, _, _, size), t in results.items() if size]))
+        print(f"clip {clip}, z_class {z_class}, z_count {z_count}: worst false alarms {alarms:.2f}, "
+              f"mean recall {recall:.3f}", flush=True)
+        if alarms <= GOAL_ALARMS and recall > best_recall:
+            best, best_recall = setting, recall
+    return best
+
+
+def run(quick: bool = False) -> list[dict]:
+    """The sweep on ``SCORING_SEED``'s trials, as rows of the benchmark table."""
+    fabrics = cases()
+    results = sweep(SCORING_SEED, QUICK_FAULTS_PER_POINT if quick else FAULTS_PER_POINT, points(), fabrics=fabrics)
+    return rows_of(results, SCORING_SEED, fabrics)
+
+
+def _row(case: str, metric: str, value: float, baseline: float, goal: str, met: bool) -> dict:
+    return {"benchmark": "health_localization", "case": case, "metric": metric, "dpro": float(value),
+            "baseline": float(baseline), "ratio": float(value) / baseline if baseline else float("inf"),
+            "goal": goal, "met": bool(met)}
+
+
+if __name__ == "__main__":
+    if "--tune" in sys.argv:
+        clip, z_class, z_count = tune()
+        print(f"chosen on seed {TUNING_SEED}: clip {clip}, z_class {z_class}, z_count {z_count} "
+              f"(the localizer's defaults: clip {CLIP}, z_class {Z_CLASS}, z_count {Z_COUNT})")
+    else:
+        from .__main__ import format_table
+
+        print(format_table(run(quick="--quick" in sys.argv)))
