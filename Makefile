@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/dpro demo
 
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow"

@@ -225,7 +225,7 @@ def test_a_gpu_fault_fails_the_node_in_the_full_check(fake_nvml: Path, tmp_path:
 def _quick(folder: Path) -> Path:
     config = folder / "quick.yaml"
     config.write_text("collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
-                                              "pairwise: {seconds: 0.15}\n")
+                                              "pairwise: {seconds: 0.08}\n")
     return config
 
 
@@ -378,7 +378,7 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
         fabric.write_topology(tmp_path / "fabric.yaml")
         (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
                                               "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
-                                              "pairwise: {seconds: 0.15}\n")
+                                              "pairwise: {seconds: 0.08}\n")
         runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
                                               "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
                                      no_python=True, timeout=300)

@@ -104,8 +104,18 @@ def _excess_slow(left: np.ndarray, crossing: np.ndarray, very_slow: np.ndarray, 
         return 0.0
     i = np.arange(k, n + 1)
     log_choose = lgamma(n + 1) - np.array([lgamma(j + 1) + lgamma(n - j + 1) for j in i])
-    tail = float(np.exp(np.logaddexp.reduce(log_choose + i * np.log(rate) + (n - i) * np.log1p(-rate))))
-    return -NormalDist().inv_cdf(max(tail, 1e-300)) if tail < 0.5 else 0.0
+    return _normal_z(float(np.logaddexp.reduce(log_choose + i * np.log(rate) + (n - i) * np.log1p(-rate))))
+
+
+def _normal_z(log_tail: float) -> float:
+    """The ``z`` whose upper normal tail is ``exp(log_tail)`` (0 past a half), without
+    underflow: beyond 1e-300, from the tail's asymptote ``p ≈ φ(z) / z``."""
+    if log_tail >= np.log(0.5):
+        return 0.0
+    if log_tail > np.log(1e-300):
+        return -NormalDist().inv_cdf(float(np.exp(log_tail)))
+    first = np.sqrt(-2.0 * log_tail)
+    return float(np.sqrt(-2.0 * log_tail - 2.0 * np.log(first) - np.log(2 * np.pi)))
 
 
 def _shortfall(probes: Probes, hops: np.ndarray) -> np.ndarray:
