@@ -68,8 +68,9 @@ def localize_directed(topology: nx.MultiGraph, probes: Probes, z_class: float = 
     classes, hops = _classes(topology, probes)
     shortfall = _shortfall(probes, hops)
     noise = max(_upper_spread(-shortfall), 1e-9)
-    weight = np.clip(shortfall / noise, -clip, clip)
-    very_slow = shortfall / noise >= Z_SLOW
+    z = shortfall / noise
+    weight = np.clip(z, -clip, clip)
+    very_slow = z >= Z_SLOW
     unexplained = np.ones(len(weight), bool)
     suspects = []
     while True:
@@ -95,11 +96,13 @@ def _excess_slow(left: np.ndarray, crossing: np.ndarray, very_slow: np.ndarray, 
     rate of very slow probes of as many hops outside the class (Jeffreys' half a probe each way)."""
     outside = unexplained.copy()
     outside[crossing] = False
+    lengths, counts = np.unique(hops[left], return_counts=True)
     rates = []
-    for length in hops[left]:
+    for length in lengths:
         peers = outside & (hops == length)
         rates.append((very_slow[peers].sum() + 0.5) / (peers.sum() + 1))
-    n, k, rate = len(left), int(very_slow[left].sum()), float(np.mean(rates))
+    n, k = len(left), int(very_slow[left].sum())
+    rate = float(np.dot(rates, counts)) / n  # the mean over the class's probes
     if k <= n * rate:
         return 0.0
     i = np.arange(k, n + 1)

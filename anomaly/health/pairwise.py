@@ -44,18 +44,18 @@ def probe_rounds(n: int, tiers: Sequence[Sequence[str]] = ()) -> list[list[tuple
     left = [(a, b) for a in range(n) for b in range(a + 1, n)]
     # In the circle method's order ((a + b) mod n), n - 1 rounds suffice without groups.
     left.sort(key=lambda p: ((p[0] + p[1]) % n, p))
+    exits = {(a, b): {(t, g[h]) for t, g in enumerate(tiers) if g[a] != g[b] for h in (a, b)} for a, b in left}
     rounds = []
     while left:
         busy_hosts: set[int] = set()
         leaving: set[tuple[int, str]] = set()  # (tier, group)
         chosen = []
         for a, b in left:
-            exits = {(t, g[h]) for t, g in enumerate(tiers) if g[a] != g[b] for h in (a, b)}
-            if a in busy_hosts or b in busy_hosts or exits & leaving:
+            if a in busy_hosts or b in busy_hosts or exits[a, b] & leaving:
                 continue
             chosen.append((a, b))
             busy_hosts |= {a, b}
-            leaving |= exits
+            leaving |= exits[a, b]
         rounds.append(chosen)
         taken = set(chosen)
         left = [p for p in left if p not in taken]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpro.stats import robust_spread
+
 from dpro.anomaly.health.config import HealthConfig, Rules
 from dpro.anomaly.health.model import HealthReport, Metric
 
@@ -28,7 +30,6 @@ __all__ = ["Baseline", "apply_rules", "judge", "learned"]
 
 OUTLIER_Z = 3.5
 NOISE_SIGMAS = 3.0
-MAD_TO_SIGMA = 1.4826
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,11 @@ def learned(history: Sequence[float], rules: Rules) -> Baseline | None:
     if len(values) < rules.min_nights:
         return None
     logs = np.log(values)
-    sigma = _log_sigma(logs)
+    sigma = robust_spread(logs)
     if sigma > 0:
         values = values[np.abs(logs - np.median(logs)) <= OUTLIER_Z * sigma]
-        sigma = _log_sigma(np.log(values))
+        sigma = robust_spread(np.log(values))
     return Baseline(float(np.median(values)), sigma, f"median of {len(values)} earlier runs")
-
-
-def _log_sigma(logs: np.ndarray) -> float:
-    return MAD_TO_SIGMA * float(np.median(np.abs(logs - np.median(logs))))
 
 
 def judge(metric: Metric, baseline: Baseline, rules: Rules) -> tuple[str, float]:
