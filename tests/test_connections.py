@@ -167,6 +167,18 @@ def test_a_few_fast_connections_do_not_make_a_healthy_host_a_suspect() -> None:
     assert [(s.kind, s.host) for s in suspects] == [("host", "h2")]
 
 
+def test_one_pair_of_hosts_is_no_baseline() -> None:
+    # Measured by dpro health on the 4-namespace cluster of test_health (h2's link at 200 Mb/s):
+    # once h2 is peeled, h3 is left to be judged against h0 <-> h1 alone, both directions of one
+    # link; h3's probes fell 10% below both and it was named too (CI, stop 26).
+    gbps = np.array([[np.nan, 13.233, 0.191, 9.002],
+                     [11.764, np.nan, 0.191, 6.593],
+                     [0.191, 0.191, np.nan, 0.192],
+                     [9.698, 10.523, 0.192, np.nan]])
+    suspects = analyze(from_matrix(gbps * 1e9, ["h0", "h1", "h2", "h3"]))
+    assert [(s.kind, s.host) for s in suspects] == [("host", "h2")]
+
+
 def test_small_matrices_need_a_clear_separation() -> None:
     names = ["a", "b", "c", "d"]
     ring = np.full((4, 4), np.nan)

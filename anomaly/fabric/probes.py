@@ -209,7 +209,7 @@ def _z_against(logs: np.ndarray, baseline: np.ndarray) -> np.ndarray:
 
 LEAVE_ONE_OUT_HOSTS = 64  # up to this many hosts, each host is judged against the probes it is not in
 FEW_PROBES = 8  # fewer baseline probes than this: no noise estimate, a host must be separated from all
-MIN_BASELINE = 2  # one probe is no baseline: it is a measurement like the host's, and may be the odd one
+MIN_BASELINE_PAIRS = 2  # one pair of hosts is no baseline: its probes (one a direction) measure one link, like the host's
 
 
 def _worst_host(probes: Probes, logs: np.ndarray, bad: np.ndarray) -> tuple[int, float, dict] | None:
@@ -219,15 +219,15 @@ def _worst_host(probes: Probes, logs: np.ndarray, bad: np.ndarray) -> tuple[int,
     probes out (one host is a large share of them); in larger ones it makes no difference. With
     fewer than :data:`FEW_PROBES` baseline probes (a ring of four hosts), their spread says
     nothing of the noise: the host's probes must all fall below the slowest of them, and the
-    score is that gap scaled so that a gap of ``MIN_DROP`` scores ``Z_MIN``. A host with fewer
-    than :data:`MIN_BASELINE` probes to be judged against is not judged."""
+    score is that gap scaled so that a gap of ``MIN_DROP`` scores ``Z_MIN``. A host whose
+    baseline probes join fewer than :data:`MIN_BASELINE_PAIRS` pairs of hosts is not judged."""
     clean = ~bad[probes.src] & ~bad[probes.dst]
     n = len(bad)
     candidates = [h for h in range(n) if not bad[h]]
     best: tuple[int, float, dict] | None = None
     for group in ([[h] for h in candidates] if n <= LEAVE_ONE_OUT_HOSTS else [candidates]):
         baseline = clean & ~np.isin(probes.src, group) & ~np.isin(probes.dst, group) if len(group) == 1 else clean
-        if baseline.sum() < MIN_BASELINE:
+        if len({(min(s, d), max(s, d)) for s, d in zip(probes.src[baseline], probes.dst[baseline])}) < MIN_BASELINE_PAIRS:
             continue
         z = _z_against(logs, baseline)
         drop = -np.expm1(-(np.median(logs[baseline]) - logs))
