@@ -1,413 +1,295 @@
-"""Held-out fidelity of ``dpro whatif``: every configuration predicted from a *different* recorded
-one, against the step time users see in the target run (the median of its unprofiled steps).
+"""Held-out fidelity of ``dpro whatif`` on the quiet testbed (:mod:`benchmarks.testbed`).
 
-Every run is recorded in this benchmark run with ``dpro record`` (2 ranks, gloo on CPU, 40
-steps, 10 profiled). Families of cases:
+Emulated-device jobs (their compute holds the thread off the CPU, like a device kernel) are
+drawn from a seed and run on 2 or 4 namespace hosts with shaped links. Each job has a grid of
+source configurations (DDP bucket caps x link rates) and targets beyond it (a small first
+bucket, DDP's fp16 hook, PowerSGD of rank 2, gradient accumulation over 2 micro-batches, 4
+hosts). Every case predicts one configuration from the ``dpro record`` recording of another,
+and is scored against the target's measured step time: the median over
+:data:`~benchmarks.testbed.protocol` 's repeated runs without any profiler (interleaved rounds).
+Sources are recorded once, in the first round.
 
-- **buckets**: the example's three architectures at DDP bucket caps of 0.05, 1, 5, 25 and
-  100 MB on one host; each cap predicted from each other cap (``--bucket-cap-mb``).
-- **bandwidth**: the CNN on two namespace hosts whose links are throttled (``tc tbf``) to 50,
-  100 and 400 mbit, and unthrottled; each predicted from each other (``--bandwidth-scale``:
-  the ratio of the rates set; the unthrottled links' rate is measured apart from every
-  recorded run, by one TCP stream between two namespace hosts built for it, as iperf would).
-- **compression**: the CNN at 100 mbit with DDP's fp16 hook and with PowerSGD of rank 2,
-  predicted from the run without them (``--compress fp16``, ``--compress powersgd:2``).
-- **world size**: the CNN on 4 ranks of one host, predicted from its 2-rank run
-  (``--world-size 4 --ranks-per-host 4``), and on 2 ranks on each of the 2 namespace hosts at
-  100 mbit, predicted from its run of one rank per host (``--world-size 4 --ranks-per-host 2``).
+Seeds: the **tuning** seed's jobs were looked at while the model was shaped; the **scoring**
+seed comes from ``benchmarks/testbed/frozen.json`` and is held out only while the model's code
+is the one frozen there (:mod:`benchmarks.testbed.frozen`); the output says which.
 
-First, every recorded configuration is replayed as recorded, the profiler's calibrated cost
-taken out, against its own unprofiled steps (which the graph was not built from), beside the
-profiled steps' time (the prediction without compensation); among them a job of many tiny ops
-in one process (``tests/jobs/op_heavy.py``), whose profiled steps the profiler slows most,
-recorded 5 times alike (its 12 ms steps are at the mercy of the machine's bursts). The op-heavy
-job was looked at while the compensation was shaped (its events priced apart from backward
-functions'): it is the compensation's tuning case, the example's runs score it.
+Baselines beside every case: **no change** (the source's measured step) and **scaling** (the
+source's step with its exposed communication, the replay's critical-path communication, scaled
+by the change's bytes over bandwidth: the link rate ratio, fp16's half, PowerSGD's bytes, the
+ring's ``2(n-1)/n``; a bucket or accumulation change leaves it unchanged). First printed: the
+noise floor (each configuration's spread over its repeated runs), then the replay of every
+source as recorded (not anchored) against its own unprofiled steps.
 
-Tuning cases (those looked at while the model was shaped): every GPT case, and the small GPT at
-20 and 80 mbit. Scoring cases: all the others (CNN and RNN). Goals, on the scoring cases: mean
-|error| <= 5%, max <= 10%, and at most half the "no change" error wherever the true change is
->= 10%. Two naive baselines beside every prediction: "no change" (the source's step time) and
-bytes-over-bandwidth scaling (the source's step time with its measured communication time scaled
-by the change in bytes over bandwidth). The same model without interference (compute and
-communication slowing each other where they overlap) is printed beside it, so that what the
-interference model buys is measured (its slow-downs from the calibration were chosen over
-those seen in the recorded step, and over compute alone, on the tuning cases). The noise floor
-of each target is the spread (half the interquartile range over the median) of its unprofiled
-steps. Each configuration is recorded once: figures are single runs on a shared, noisy
-machine. Bucket caps under which DDP built identical buckets are one configuration recorded
-several times: their spread, printed as the noise floor beside the 5% goal, says how closely
-one recording can score a prediction here.
+Goals on the scoring seed: mean |error| <= 3%, max <= 8%, and at most half of each baseline's
+error wherever the true change is >= 10%; every replay as recorded within 5%.
 
-    python -m benchmarks fidelity [--quick]
+    python -m benchmarks fidelity [--quick]          # tuning and scoring seeds
+    python -m benchmarks.fidelity --tune             # the tuning seed only
+    python -m benchmarks.fidelity --freeze SEED      # freeze the committed model, draw a scoring seed
 """
 
 from __future__ import annotations
 
-import subprocess
+import argparse
+import json
+import random
+import statistics
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from dpro.analysis import RunAnalysis
-from dpro.analysis.whatif import Change, predict
+from benchmarks.testbed import frozen
+from benchmarks.testbed.protocol import Config, Testbed, interleaved, spread_pct
+from benchmarks.testbed.spec import draw_job
 from dpro.cli.options import table
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "train_lm.py"
-OP_HEAVY = ROOT / "tests" / "jobs" / "op_heavy.py"  # a loop of many tiny ops, one process
-OP_HEAVY_STEPS = 40
-OP_HEAVY_RUNS = 5  # recorded alike: a 12 ms step is at the mercy of the machine's bursts
-RECORD = ["--skip", "10", "--warmup", "2", "--steps", "10"]
-JOB_STEPS = ["--steps", "40"]
-ARCHS = {"gpt": ["--arch", "gpt"], "cnn": ["--arch", "cnn"],
-         "rnn": ["--arch", "rnn", "--d-model", "128", "--seq-len", "128", "--batch-size", "8"]}
-SMALL_GPT = ["--arch", "gpt", "--d-model", "64", "--layers", "1", "--seq-len", "32"]
-BUCKETS_MB = (0.05, 1.0, 5.0, 25.0, 100.0)
-QUICK_BUCKETS_MB = (0.05, 1.0, 25.0)
-RATES_MBIT = (50, 100, 400, None)  # None: the namespaces' links as they are (veth, unthrottled)
-TUNING_RATES_MBIT = (20, 80)
-GOAL_MEAN_PCT = 5.0  # the scoring cases' mean |error| goal
+TUNING_SEED = 1
+REPEATS = 3
+GOAL_MEAN, GOAL_MAX, GOAL_REPLAY = 3.0, 8.0, 5.0
+RATES_MBIT = (100, 200, 400)
+JOBS, QUICK_JOBS = 3, 1  # jobs drawn per seed
 
 
-@dataclass
-class Config:
-    """One recorded configuration."""
-
-    name: str
-    job: list[str]
-    hosts: int = 1  # namespace hosts (1: all ranks on this host, loopback)
-    rate_mbit: int | None = None
-    ranks: int = 2  # per host
-    script: Path = EXAMPLE  # started by torchrun, with ``job`` as its arguments
-    launcher: bool = True  # False: one process, started without torchrun
-    run: Path | None = None
-    analysis: RunAnalysis | None = field(default=None, repr=False)
-
-
-@dataclass
+@dataclass(frozen=True)
 class Case:
     family: str
-    source: str
-    target: str
-    change: Change
-    comm_factor: float | None  # what bytes-over-bandwidth scaling multiplies the communication time by
-    # (None: the bytes the hook sends per byte of gradient, as dpro whatif counts them)
-    tuning: bool
+    source: Config
+    target: Config
 
 
-def _record(config: Config, root: Path) -> None:
-    run = root / config.name
-    if config.hosts == 1:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={config.ranks}"]
-        launch = torchrun if config.launcher else [sys.executable]
-        subprocess.run([sys.executable, "-m", "dpro", "record", "-o", str(run), *RECORD, "--", *launch,
-                        str(config.script), *config.job], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=900)
+def job_configs(seed: int, index: int) -> tuple[list[Config], list[Config]]:
+    """One job of a seed: its grid of sources and its targets beyond the grid."""
+    rng = random.Random(seed * 1000 + index)
+    job = draw_job(seed * 1000 + index)
+    rate = rng.choice(RATES_MBIT)
+    cap = rng.choice((0.5, 1.0, 2.0))
+    name = f"s{seed}j{index}"
+    base = Config(f"{name}-b25-{rate}", job, rate)
+    grid = [base, base.but(f"{name}-b{cap:g}-{rate}", bucket_cap_mb=cap),
+            base.but(f"{name}-b25-{rate // 2}", rate_mbit=rate // 2),
+            base.but(f"{name}-b25-{rate * 2}", rate_mbit=rate * 2),
+            base.but(f"{name}-b{cap:g}-{rate * 2}", bucket_cap_mb=cap, rate_mbit=rate * 2)]
+    beyond = [base.but(f"{name}-first0.1-{rate}", first_bucket_mb=0.1),
+              base.but(f"{name}-fp16-{rate}", comm_hook="fp16"),
+              base.but(f"{name}-powersgd2-{rate}", comm_hook="powersgd:2"),
+              base.but(f"{name}-acc2-{rate}", accumulate=2),
+              base.but(f"{name}-4hosts-{rate}", hosts=4)]
+    return grid, beyond
+
+
+def cases(grid: list[Config], beyond: list[Config]) -> list[Case]:
+    """Every grid configuration predicted from every other, and every target beyond the grid from
+    every grid configuration."""
+    out = [Case(_family(s, t), s, t) for s in grid for t in grid if s is not t]
+    return out + [Case(_family(s, t), s, t) for s in grid for t in beyond]
+
+
+def _family(source: Config, target: Config) -> str:
+    if target.hosts != source.hosts:
+        kind = "2 -> 4 hosts"
+    elif target.comm_hook:
+        kind = target.comm_hook.split(":")[0]
+    elif target.accumulate != source.accumulate:
+        kind = "accumulation"
+    elif target.first_bucket_mb is not None:
+        kind = "first bucket"
     else:
-        from dpro.testing.netns import NetnsCluster, record_across_hosts
-
-        rates = {h: f"{config.rate_mbit}mbit" for h in range(config.hosts)} if config.rate_mbit else {}
-        with NetnsCluster(config.hosts, rates=rates) as cluster:
-            done = record_across_hosts(cluster, run, [str(config.script), *config.job], record_args=RECORD,
-                                       nproc_per_node=config.ranks, timeout=900)
-        if any(r.returncode for r in done):
-            raise RuntimeError(f"{config.name}: " + " | ".join(r.stderr.strip()[-300:] for r in done))
-    config.run = run
-    config.analysis = RunAnalysis.open(run)
+        kind = "+".join(k for k, differs in (("buckets", target.bucket_cap_mb != source.bucket_cap_mb),
+                                             ("bandwidth", target.rate_mbit != source.rate_mbit)) if differs)
+    return kind
 
 
-def _configs(quick: bool, namespaces: bool) -> dict[str, Config]:
-    archs = ("gpt", "cnn") if quick else tuple(ARCHS)
-    out = {f"op-heavy-{i}": Config(f"op-heavy-{i}", [str(OP_HEAVY_STEPS)], script=OP_HEAVY, ranks=1, launcher=False)
-           for i in range(1, OP_HEAVY_RUNS + 1)}
-    for arch in archs:
-        for mb in QUICK_BUCKETS_MB if quick else BUCKETS_MB:
-            out[f"{arch}-{mb:g}mb"] = Config(f"{arch}-{mb:g}mb", [*JOB_STEPS, *ARCHS[arch], "--bucket-cap-mb", str(mb)])
-    out["cnn-4ranks"] = Config("cnn-4ranks", [*JOB_STEPS, *ARCHS["cnn"], "--bucket-cap-mb", "25"], ranks=4)
-    if namespaces:
-        for rate in RATES_MBIT if not quick else (100, 400):
-            name = f"cnn-{rate}mbit" if rate else "cnn-unthrottled"
-            out[name] = Config(name, [*JOB_STEPS, *ARCHS["cnn"]], hosts=2, rate_mbit=rate, ranks=1)
-        out["cnn-100mbit-4ranks"] = Config("cnn-100mbit-4ranks", [*JOB_STEPS, *ARCHS["cnn"]], hosts=2, rate_mbit=100,
-                                           ranks=2)
-        for hook in ("fp16", "powersgd:2"):
-            name = f"cnn-100mbit-{hook.replace(':', '')}"
-            out[name] = Config(name, [*JOB_STEPS, *ARCHS["cnn"], "--comm-hook", hook], hosts=2, rate_mbit=100, ranks=1)
-        for rate in TUNING_RATES_MBIT:
-            out[f"gpt-small-{rate}mbit"] = Config(f"gpt-small-{rate}mbit", [*JOB_STEPS, *SMALL_GPT], hosts=2,
-                                                  rate_mbit=rate, ranks=1)
-    return out
+def change_of(source: Config, target: Config):
+    """The :class:`~dpro.analysis.whatif.Change` that turns ``source`` into ``target``."""
+    from dpro.analysis.whatif import Change
+
+    return Change(bucket_cap_mb=target.bucket_cap_mb if target.bucket_cap_mb != source.bucket_cap_mb else None,
+                  first_bucket_mb=target.first_bucket_mb,
+                  bandwidth_scale=target.rate_mbit / source.rate_mbit if target.rate_mbit != source.rate_mbit else None,
+                  compress=target.comm_hook,
+                  accumulate=target.accumulate if target.accumulate != source.accumulate else None,
+                  world_size=target.hosts if target.hosts != source.hosts else None,  # a rank per host
+                  ranks_per_host=1 if target.hosts != source.hosts else None)
 
 
-def _cases(configs: dict[str, Config], unthrottled: float | None = None) -> list[Case]:
-    """Every case of the recorded ``configs``; ``unthrottled``: the measured rate (bytes/ns) of
-    the links without ``tc``, for the cases that scale to or from them."""
-    cases = []
-    by_arch: dict[str, list[str]] = {}
-    for name in configs:
-        if name.endswith("mb"):
-            by_arch.setdefault(name.split("-")[0], []).append(name)
-    for arch, names in by_arch.items():
-        for src in names:
-            for dst in names:
-                if src != dst:
-                    mb = float(dst.split("-")[1].removesuffix("mb"))
-                    cases.append(Case("buckets", src, dst, Change(bucket_cap_mb=mb), 1.0, arch == "gpt"))
-    rate_of = (lambda name: _link_bytes_per_ns(configs[name], unthrottled))
-    for prefix, tuning in (("cnn-", False), ("gpt-small-", True)):
-        rated = [n for n in configs if n.startswith(prefix) and n.endswith(("mbit", "unthrottled"))]
-        for src in rated:
-            for dst in rated:
-                if src != dst:
-                    scale = rate_of(dst) / rate_of(src)
-                    cases.append(Case("bandwidth", src, dst, Change(bandwidth_scale=scale), 1 / scale, tuning))
-    for hook, factor in (("fp16", 0.5), ("powersgd:2", None)):
-        target = f"cnn-100mbit-{hook.replace(':', '')}"
-        if "cnn-100mbit" in configs and target in configs:
-            cases.append(Case("compression", "cnn-100mbit", target, Change(compress=hook), factor, False))
-    ring = (lambda n: 2 * (n - 1) / n)
-    for source, target, per_host in (("cnn-25mb", "cnn-4ranks", 4), ("cnn-100mbit", "cnn-100mbit-4ranks", 2)):
-        if source in configs and target in configs:
-            cases.append(Case("world size", source, target, Change(world_size=4, ranks_per_host=per_host),
-                              ring(4) / ring(2), False))
-    return cases
+def _ring(n: int) -> float:
+    return 2 * (n - 1) / n
 
 
-def _link_bytes_per_ns(config: Config, unthrottled: float | None) -> float:
-    """The rate of ``config``'s links: the one ``tc`` set, or, unthrottled, ``unthrottled``
-    (measured by :func:`measure_unthrottled_link`)."""
-    if config.rate_mbit:
-        return config.rate_mbit * 1e6 / 8 / 1e9
-    if unthrottled is None:
-        raise RuntimeError(f"{config.name}: the unthrottled link was not measured")
-    return unthrottled
+def evaluate(case: Case, analyses: dict, measured: dict[str, float]) -> dict:
+    """One case: prediction, both baselines, the true change, each error in % of the measured."""
+    from dpro.analysis.whatif import predict
+    from dpro.replayer.breakdown import mean_breakdown
 
-
-LINK_TEST_MB = 256
-_RECEIVE = """
-import socket, sys, time
-conn, _ = socket.create_server((sys.argv[1], int(sys.argv[2]))).accept()
-total, start = 0, None
-while chunk := conn.recv(1 << 20):
-    start = start or time.perf_counter_ns()
-    total += len(chunk)
-print(total / (time.perf_counter_ns() - start))
-"""
-_SEND = """
-import socket, sys, time
-for _ in range(200):
-    try:
-        sock = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-        break
-    except OSError:
-        time.sleep(0.05)
-block = bytes(1 << 20)
-for _ in range(int(sys.argv[3])):
-    sock.sendall(block)
-sock.close()
-"""
-
-
-def measure_unthrottled_link(repeats: int = 3) -> float:
-    """Bytes per ns of the namespace hosts' links without ``tc`` (what ``iperf`` would say),
-    measured apart from every recorded run: one TCP stream of :data:`LINK_TEST_MB` MiB from
-    host 0 to host 1, the median of ``repeats``."""
-    from dpro.testing.netns import NetnsCluster
-
-    rates = []
-    with NetnsCluster(2) as cluster:
-        for port in range(29700, 29700 + repeats):
-            receiver = cluster.popen(1, [sys.executable, "-c", _RECEIVE, cluster.hosts[1].ip, port],
-                                     stdout=subprocess.PIPE, text=True)
-            cluster.run(0, [sys.executable, "-c", _SEND, cluster.hosts[1].ip, port, LINK_TEST_MB], timeout=120)
-            out, _ = receiver.communicate(timeout=120)
-            rates.append(float(out))
-    return float(np.median(rates))
-
-
-def _measured_ms(analysis: RunAnalysis) -> float:
-    return float(np.mean(list(analysis.unprofiled_step_ns.values()))) / 1e6
-
-
-def _noise_pct(analysis: RunAnalysis) -> float:
-    """Half the interquartile range of the unprofiled steps over their median, in %."""
-    plain = analysis.unprofiled_steps["dur_ns"].to_numpy(np.float64)
-    q1, q2, q3 = np.percentile(plain, [25, 50, 75])
-    return float(50 * (q3 - q1) / q2)
-
-
-def _comm_ms(analysis: RunAnalysis) -> float:
-    """The step's measured communication time: its collectives' transfer times."""
-    table = analysis.graph.collectives
-    return float(table["transfer_ns"].sum()) / 1e6 if len(table) else 0.0
-
-
-def _evaluate(case: Case, configs: dict[str, Config]) -> dict:
-    src, dst = configs[case.source].analysis, configs[case.target].analysis
-    source_ms, measured = _measured_ms(src), _measured_ms(dst)
-    prediction = predict(src, case.change)
-    predicted = prediction["predicted_step_ms"]
-    without_interference = predict(src, case.change, interference=False)["predicted_step_ms"]
-    factor = case.comm_factor if case.comm_factor is not None else prediction["compression"]["bytes_ratio"]
-    comm = _comm_ms(src)
-    scaling = source_ms - comm + comm * factor
+    src = analyses[case.source.name]
+    change = change_of(case.source, case.target)
+    prediction = predict(src, change)
+    source_ms, target_ms = measured[case.source.name], measured[case.target.name]
+    factor = case.source.rate_mbit / case.target.rate_mbit * _ring(case.target.hosts) / _ring(case.source.hosts)
+    if change.compress:
+        factor *= prediction["compression"]["bytes_ratio"]
+    exposed = mean_breakdown(src.graph, src.replay())["communication"]
+    scaling = source_ms + exposed * (factor - 1)
 
     def error(x: float) -> float:
-        return 100 * (x / measured - 1)
+        return 100 * (x / target_ms - 1)
 
-    return {"family": case.family, "set": "tuning" if case.tuning else "scoring", "source": case.source,
-            "target": case.target, "measured_ms": measured, "predicted_ms": predicted, "error_pct": error(predicted),
-            "no_interference_error_pct": error(without_interference),
-            "no_change_error_pct": error(source_ms), "scaling_error_pct": error(scaling),
-            "true_change_pct": 100 * (measured / source_ms - 1), "noise_pct": _noise_pct(dst)}
+    return {"family": case.family, "source": case.source.name, "target": case.target.name,
+            "measured_ms": target_ms, "predicted_ms": prediction["predicted_step_ms"],
+            "error_pct": error(prediction["predicted_step_ms"]), "no_change_pct": error(source_ms),
+            "scaling_pct": error(scaling), "true_change_pct": 100 * (target_ms / source_ms - 1)}
 
 
-def _compensation(configs: dict[str, Config]) -> list[dict]:
-    """Each recorded configuration replayed as recorded (the profiler's calibrated cost taken
-    out) against its own unprofiled steps, which the graph was not built from; the baseline is
-    the profiled steps' time (what the replay predicted before the compensation)."""
+def replay_as_recorded(name: str, analysis) -> dict:
+    """A source's replay, not anchored, against the unprofiled steps of its own recording."""
     from dpro.replayer.report import comparison
 
-    out = []
-    for config in configs.values():
-        a = config.analysis
-        summary = comparison(a.graph, a.replay(), a.unprofiled_step_ns, a.profiled_step_ns)
-        measured, profiled = summary["measured_step_ms"], summary["profiled_step_ms"]
-        out.append({"run": config.name, "measured_ms": measured, "profiled_ms": profiled,
-                    "predicted_ms": summary["predicted_step_ms"], "error_pct": summary["error_pct"],
-                    "profiled_error_pct": 100 * (profiled / measured - 1), "noise_pct": _noise_pct(a)})
-    return out
+    s = comparison(analysis.graph, analysis.replay(), analysis.unprofiled_step_ns, analysis.profiled_step_ns)
+    return {"run": name, "measured_ms": s["measured_step_ms"], "profiled_ms": s["profiled_step_ms"],
+            "replayed_ms": s["predicted_step_ms"], "error_pct": s["error_pct"]}
 
 
-def _compensation_table(rows: list[dict]) -> str:
-    header = ("run", "unprofiled ms", "profiled ms", "replay ms", "error %", "profiled %", "noise %")
-    return table([header] + [(r["run"], f"{r['measured_ms']:.1f}", f"{r['profiled_ms']:.1f}",
-                              f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}", f"{r['profiled_error_pct']:+.1f}",
-                              f"{r['noise_pct']:.1f}") for r in rows])
+def run_seed(testbed: Testbed, seed: int, jobs: int, root: Path, repeats: int = REPEATS) -> dict:
+    """Measure, record and score every case of ``jobs`` jobs drawn from ``seed``."""
+    from dpro.analysis import RunAnalysis
+
+    grid_all, beyond_all, all_cases = [], [], []
+    for index in range(jobs):
+        grid, beyond = job_configs(seed, index)
+        grid_all += grid
+        beyond_all += beyond
+        all_cases += cases(grid, beyond)
+        testbed.log(f"fidelity: seed {seed} job {index}: {grid[0].job.describe()}; links {grid[0].rate_mbit} mbit")
+    configs = grid_all + beyond_all
+    saved = root / "medians.json"
+    if saved.exists() and all((root / c.name / "run.json").exists() for c in grid_all):
+        medians = json.loads(saved.read_text())  # measured and recorded before: scored again
+        testbed.log(f"fidelity: seed {seed}: measurements and recordings read from {root}")
+    else:
+        medians = interleaved(testbed, configs, repeats, seed, record_into=root, sources=[c.name for c in grid_all])
+        saved.write_text(json.dumps(medians, indent=1))
+    measured = {name: statistics.median(ms) for name, ms in medians.items()}
+    analyses = {c.name: RunAnalysis.open(root / c.name) for c in grid_all}
+    return {"seed": seed, "noise": {n: spread_pct(ms) for n, ms in medians.items()}, "medians": medians,
+            "replays": [replay_as_recorded(n, a) for n, a in analyses.items()],
+            "cases": [evaluate(c, analyses, measured) for c in all_cases]}
 
 
-def _table(results: list[dict]) -> str:
-    header = ("set", "family", "source", "target", "measured ms", "predicted ms", "error %", "no interference %",
-              "no change %", "scaling %", "true change %", "noise %")
-    return table([header] + [(r["set"], r["family"], r["source"], r["target"], f"{r['measured_ms']:.1f}",
-                              f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}",
-                              f"{r['no_interference_error_pct']:+.1f}", f"{r['no_change_error_pct']:+.1f}",
-                              f"{r['scaling_error_pct']:+.1f}", f"{r['true_change_pct']:+.1f}", f"{r['noise_pct']:.1f}")
-                             for r in results])
+def _print_seed(result: dict, label: str) -> None:
+    noise = result["noise"]
+    print(f"\n== {label}: seed {result['seed']} ==")
+    print(f"noise floor (spread of each configuration's {REPEATS} runs): median {np.median(list(noise.values())):.1f}%,"
+          f" max {max(noise.values()):.1f}% over {len(noise)} configurations")
+    print(table([("configuration", "runs ms", "spread %")] + [
+        (n, " ".join(f"{x:.1f}" for x in ms), f"{noise[n]:.1f}") for n, ms in result["medians"].items()]))
+    print("\nreplay as recorded (not anchored) against the recording's unprofiled steps:")
+    print(table([("run", "unprofiled ms", "profiled ms", "replay ms", "error %")] + [
+        (r["run"], f"{r['measured_ms']:.1f}", f"{r['profiled_ms']:.1f}", f"{r['replayed_ms']:.1f}",
+         f"{r['error_pct']:+.1f}") for r in result["replays"]]))
+    print("\ncases (each predicted from the recording of another configuration):")
+    print(table([("family", "source", "target", "measured ms", "predicted ms", "error %", "no change %", "scaling %",
+                  "true change %")] + [
+        (c["family"], c["source"], c["target"], f"{c['measured_ms']:.1f}", f"{c['predicted_ms']:.1f}",
+         f"{c['error_pct']:+.1f}", f"{c['no_change_pct']:+.1f}", f"{c['scaling_pct']:+.1f}",
+         f"{c['true_change_pct']:+.1f}") for c in result["cases"]]))
+    families: dict[str, list[dict]] = {}
+    for c in result["cases"]:
+        families.setdefault(c["family"], []).append(c)
+    print("\nper family (mean |error| %; max):")
+    print(table([("family", "cases", "dpro", "max", "no change", "scaling")] + [
+        (f, str(len(cs)), f"{_mean_abs(cs, 'error_pct'):.1f}", f"{max(abs(c['error_pct']) for c in cs):.1f}",
+         f"{_mean_abs(cs, 'no_change_pct'):.1f}", f"{_mean_abs(cs, 'scaling_pct'):.1f}") for f, cs in families.items()]))
 
 
-def _summary(results: list[dict], which: str) -> list[dict]:
-    chosen = [r for r in results if r["set"] == which]
-    if not chosen:
-        return []
-    errors = np.abs([r["error_pct"] for r in chosen])
-    no_change = np.abs([r["no_change_error_pct"] for r in chosen])
-    scaling = np.abs([r["scaling_error_pct"] for r in chosen])
-    unaware = np.abs([r["no_interference_error_pct"] for r in chosen])
-    large = [r for r in chosen if abs(r["true_change_pct"]) >= 10]
-    halved = sum(abs(r["error_pct"]) <= abs(r["no_change_error_pct"]) / 2 for r in large)
-    scoring = which == "scoring"
+def _mean_abs(cases_: list[dict], key: str) -> float:
+    return float(np.mean([abs(c[key]) for c in cases_]))
+
+
+def summary(result: dict, label: str, goals: bool) -> list[dict]:
+    """The benchmark table's rows for one seed; ``goals``: whether its goals apply (a held-out
+    scoring seed)."""
+    cs, replays, noise = result["cases"], result["replays"], list(result["noise"].values())
+    large = [c for c in cs if abs(c["true_change_pct"]) >= 10]
+    case = f"{label} seed {result['seed']} ({len(cs)} cases)"
 
     def row(metric: str, value: float, baseline: float, goal: str, met: bool) -> dict:
-        return {"benchmark": "fidelity", "case": f"{which} ({len(chosen)} cases)", "metric": metric, "dpro": value,
-                "baseline": baseline, "ratio": value / baseline if baseline else float("nan"),
-                "goal": goal if scoring else "(tuning: none)", "met": bool(met) if scoring else True}
+        return {"benchmark": "fidelity", "case": case, "metric": metric, "dpro": value, "baseline": baseline,
+                "ratio": value / baseline if baseline else float("nan"), "goal": goal if goals else f"({label})",
+                "met": bool(met) if goals else True}
 
-    return [row("mean |error| % (baseline: no change)", float(errors.mean()), float(no_change.mean()),
-                f"<= {GOAL_MEAN_PCT:g}", errors.mean() <= GOAL_MEAN_PCT),
-            row("max |error| % (baseline: no change)", float(errors.max()), float(no_change.max()), "<= 10",
-                errors.max() <= 10),
-            row("mean |error| % (baseline: bytes/bandwidth)", float(errors.mean()), float(scaling.mean()),
-                "below baseline", errors.mean() < scaling.mean()),
-            row(f"cases of >=10% change with error <= half no change's ({len(large)})", float(halved),
-                float(len(large)), f"{len(large)} of {len(large)}", halved == len(large)),
-            row("mean |error| % (baseline: the same model without interference)", float(errors.mean()),
-                float(unaware.mean()), "below baseline", errors.mean() < unaware.mean())]
+    errors = [abs(c["error_pct"]) for c in cs]
+    rows = [row("noise floor: max spread % of identical configurations (baseline: median)", max(noise),
+                float(np.median(noise)), "<= 3", max(noise) <= 3),
+            row("replay as recorded: max |error| % (baseline: profiled steps')",
+                max(abs(r["error_pct"]) for r in replays),
+                max(abs(r["profiled_ms"] / r["measured_ms"] - 1) * 100 for r in replays), f"<= {GOAL_REPLAY:g}",
+                max(abs(r["error_pct"]) for r in replays) <= GOAL_REPLAY),
+            row("mean |error| % (baseline: no change)", float(np.mean(errors)), _mean_abs(cs, "no_change_pct"),
+                f"<= {GOAL_MEAN:g}", np.mean(errors) <= GOAL_MEAN),
+            row("mean |error| % (baseline: scaling)", float(np.mean(errors)), _mean_abs(cs, "scaling_pct"),
+                f"<= {GOAL_MEAN:g}", np.mean(errors) <= GOAL_MEAN),
+            row("max |error| % (baseline: no change's max)", max(errors), max(abs(c["no_change_pct"]) for c in cs),
+                f"<= {GOAL_MAX:g}", max(errors) <= GOAL_MAX)]
+    for key, name in (("no_change_pct", "no change"), ("scaling_pct", "scaling")):
+        halved = sum(abs(c["error_pct"]) <= abs(c[key]) / 2 for c in large)
+        rows.append(row(f"changes >= 10%: error <= half {name}'s (of {len(large)})", halved, len(large),
+                        f"{len(large)} of {len(large)}", halved == len(large)))
+    return rows
 
 
-def run(quick: bool = False, keep: Path | None = None, reuse: bool = False,
-        log: Callable[[str], None] | None = None) -> list[dict]:
-    """Record the matrix (into ``keep``, default a new temporary directory; with ``reuse``, runs
-    already in ``keep`` are read again instead), predict every case, print the per-case table;
-    the summary rows."""
+def run(quick: bool = False, seeds: str = "both", keep: Path | None = None) -> list[dict]:
+    """The tuning seed, then the scoring seed (``seeds``: "both", "tuning" or "scoring")."""
     from dpro.testing.netns import can_build_namespaces
 
-    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     reason = can_build_namespaces()
     if reason:
-        say(f"fidelity: no bandwidth, compression or tuning-bandwidth cases: {reason}")
+        raise SystemExit(f"fidelity: the testbed needs network namespaces: {reason}")
+    state = frozen.check()
+    jobs = QUICK_JOBS if quick else JOBS
     root = keep or Path(tempfile.mkdtemp(prefix="dpro-fidelity-"))
-    configs = _configs(quick, reason is None)
-    for i, config in enumerate(configs.values(), 1):
-        if reuse and (root / config.name / "run.json").exists():
-            config.run, config.analysis = root / config.name, RunAnalysis.open(root / config.name)
-            continue
-        say(f"fidelity: recording {config.name} ({i}/{len(configs)}) into {root}")
-        _record(config, root)
-    compensation = _compensation(configs)
-    print("The replay of each recorded configuration against its unprofiled steps (profiler compensation):")
-    print(_compensation_table(compensation))
-    compensated = _compensation_summary(compensation)
-    print()
-    unthrottled = measure_unthrottled_link() if any(c.hosts > 1 and not c.rate_mbit for c in configs.values()) else None
-    if unthrottled is not None:
-        print(f"The namespace hosts' links without tc, measured apart from the runs: {unthrottled * 8e3:.0f} mbit/s\n")
-    results = [_evaluate(case, configs) for case in _cases(configs, unthrottled)]
-    print("What-if cases, each predicted from another recorded configuration:")
-    print(_table(results))
-    print("tuning: cases looked at while the model was shaped (GPT, small GPT over 20/80 mbit); "
-          "scoring: the others. Each configuration recorded once.")
-    return [*compensated, *_noise_floor(configs)] + _summary(results, "scoring") + _summary(
-        results, "tuning")
+    rows = []
+    with Testbed() as testbed:
+        if seeds in ("both", "tuning"):
+            tuning = run_seed(testbed, TUNING_SEED, QUICK_JOBS, root / "tuning")
+            _print_seed(tuning, "tuning (looked at while the model was shaped)")
+            rows += summary(tuning, "tuning", goals=False)
+        if seeds in ("both", "scoring"):
+            if state.seed is None:
+                raise SystemExit(f"fidelity: {state.why}; run python -m benchmarks.fidelity --freeze SEED")
+            scoring = run_seed(testbed, state.seed, jobs, root / "scoring")
+            label = "scoring (held out)" if state.held_out else "scoring (NOT held out)"
+            _print_seed(scoring, label)
+            rows += summary(scoring, "scoring" if state.held_out else "scoring, not held out", goals=state.held_out)
+        if testbed.retried:
+            print(f"\nruns repeated after a failed start: {', '.join(testbed.retried)}")
+    print(f"\nmodel: {state.why}")
+    print(f"runs kept in {root}")
+    return rows
 
 
-def _compensation_summary(rows: list[dict]) -> list[dict]:
-    """The replay as recorded of the example's runs (scoring the compensation), and of the
-    op-heavy job's runs (looked at while the compensation was shaped): error against the
-    profiled steps' as the baseline."""
-    out = []
-    for name, chosen in (("example runs, scoring", [r for r in rows if not r["run"].startswith("op-heavy")]),
-                         ("op-heavy job (tests/jobs/op_heavy.py), tuning",
-                          [r for r in rows if r["run"].startswith("op-heavy")])):
-        if not chosen:
-            continue
-        errors = np.abs([r["error_pct"] for r in chosen])
-        profiled = np.abs([r["profiled_error_pct"] for r in chosen])
-        print(f"{name}: |error| median {np.median(errors):.1f}% (mean {errors.mean():.1f}%, range {errors.min():.1f}-"
-              f"{errors.max():.1f}%), within 10%: {sum(errors <= 10)} of {len(chosen)}; the profiled steps: median "
-              f"{np.median(profiled):.1f}% (mean {profiled.mean():.1f}%, range {profiled.min():.1f}-{profiled.max():.1f}%),"
-              f" within 10%: {sum(profiled <= 10)}")
-        out.append({"benchmark": "fidelity", "case": f"replay as recorded: {name} ({len(chosen)} runs)",
-                    "metric": "median |error| % vs unprofiled steps (baseline: profiled steps)",
-                    "dpro": float(np.median(errors)), "baseline": float(np.median(profiled)),
-                    "ratio": float(np.median(errors) / np.median(profiled)), "goal": "every run <= 10",
-                    "met": bool(errors.max() <= 10)})
-    return out
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__.splitlines()[0])
+    parser.add_argument("--tune", action="store_true", help="the tuning seed only")
+    parser.add_argument("--score", action="store_true", help="the scoring seed only")
+    parser.add_argument("--freeze", type=int, metavar="SEED", help="freeze the committed model with this scoring seed")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--keep", type=Path, help="record into this folder")
+    parser.add_argument("--json", type=Path, help="also write the summary rows as JSON")
+    args = parser.parse_args(argv)
+    if args.freeze is not None:
+        print(frozen.freeze(args.freeze).why)
+        return 0
+    from benchmarks.__main__ import format_table
+
+    rows = run(args.quick, "tuning" if args.tune else "scoring" if args.score else "both", args.keep)
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
 
 
-def _noise_floor(configs: dict[str, Config]) -> list[dict]:
-    """Bucket caps under which DDP built the very same buckets are one configuration recorded
-    several times: print each group's measured step times and their spread (largest over
-    smallest); the summary row of the spreads, one per group."""
-    groups: dict[tuple, list[str]] = {}
-    for name, c in configs.items():
-        if name.endswith("mb"):
-            groups.setdefault((name.split("-")[0], *c.analysis.bucket_bytes()), []).append(name)
-    rows = [(names, [_measured_ms(configs[n].analysis) for n in names]) for names in groups.values() if len(names) > 1]
-    if not rows:
-        return []
-    spreads = np.array([100 * (max(ms) / min(ms) - 1) for _, ms in rows])
-    print("Caps under which DDP built identical buckets: one configuration, recorded several times:")
-    print(table([("runs", "ms", "spread %")] + [(", ".join(names), " ".join(f"{x:.1f}" for x in ms), f"{d:.1f}")
-                                                for (names, ms), d in zip(rows, spreads)]) + "\n")
-    median = float(np.median(spreads))
-    return [{"benchmark": "fidelity", "case": f"identical configurations ({len(rows)} groups)",
-             "metric": f"median spread % of one configuration's recordings (max {spreads.max():.1f}; "
-                       "baseline: the 5% goal)",
-             "dpro": median, "baseline": GOAL_MEAN_PCT, "ratio": median / GOAL_MEAN_PCT,
-             "goal": "(noise floor, no goal)", "met": True}]
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,15 @@ previous send. The collective's measured transfer time (its shortest instance: t
 arrive waits the least) is spread over the algorithm's steps, so that the decomposed collective
 ends when the measured one did; the rest of each instance was waiting for the slowest rank.
 
+Collectives over the same ranks share their links: a backend that runs several at once (gloo's
+worker threads) splits the links' bandwidth between them, so each one's measured time holds
+the others' bytes too. The links are modelled as queues instead (:func:`_link_queue`): a
+collective that was issued while an earlier one over the same ranks was still running starts
+its transfer when that one ended (its first sends wait for the earlier one's *done* nodes), and
+its transfer time is what it took beyond that. Both still end when measured; the two transfer
+times add up to the time the links were busy, and a what-if that fuses, splits or resizes them
+sees the links' rate, not a share of it.
+
 Everything is computed on arrays, a collective at a time: a ring all-reduce over 256 ranks is
 130,560 sends.
 """
@@ -56,16 +65,20 @@ def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) 
     table = []
     done_of = np.full(base, -1, np.int64)  # instance id -> its rank's done node
     offset, dur, resource = (nodes[c].to_numpy() for c in ("offset_ns", "dur_ns", "resource"))
-    for m in matched:
+    behind, begins = _link_queue(matched, offset.astype(np.float64), dur.astype(np.float64))
+    done_by: list[np.ndarray] = []  # per collective, its done nodes in rank order
+    first_sends: list[tuple[np.ndarray, np.ndarray]] = []  # per collective, its step-0 sends and their senders
+    for i, m in enumerate(matched):
         ranks = np.array(sorted(m.instances), np.int64)
         ids = np.array([m.instances[r] for r in ranks], np.int64)
         arrive = offset[ids].astype(np.float64)
-        transfer = float(dur[ids].astype(np.float64).min())
+        end = float(arrive.max()) + float(dur[ids].astype(np.float64).min())
+        transfer = end - begins[i]
         sends = schedule(m.coll, len(ranks), m.algorithm)
         first_send = base + sum(len(f) for f in new_nodes)
         send_ids = first_send + np.arange(len(sends))
         step_ns = _step_durations(sends, transfer)
-        start = float(arrive.max()) + np.concatenate([[0.0], np.cumsum(step_ns)[:-1]]) if len(step_ns) else step_ns
+        start = begins[i] + np.concatenate([[0.0], np.cumsum(step_ns)[:-1]]) if len(step_ns) else step_ns
         new_nodes.append(_send_nodes(m, ranks, sends, step_ns, start))
         last_in = _latest_before(sends.dst, sends.step, send_ids, sends.src, sends.step)
         last_out = _latest_before(sends.src, sends.step, send_ids, sends.src, sends.step)
@@ -84,11 +97,17 @@ def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) 
                                 np.broadcast_to(np.array([0, 1, 1]), into_done.shape)[keep]))
         new_nodes.append(pd.DataFrame({
             "rank": ranks, "kind": "collective", "resource": resource[ids], "name": f"{m.coll}#{m.occurrence}",
-            "dur_ns": 0.0, "offset_ns": float(arrive.max()) + transfer, "coll_name": m.coll, "bytes": m.nbytes}))
+            "dur_ns": 0.0, "offset_ns": end, "coll_name": m.coll, "bytes": m.nbytes}))
         done_of[ids] = done_ids
+        done_by.append(done_ids)
+        first_sends.append((send_ids[sends.step == 0], sends.src[sends.step == 0]))
         table.append({"coll": m.coll, "occurrence": m.occurrence, "algorithm": m.algorithm, "bytes": m.nbytes,
                       "ranks": ranks.tolist(), "transfer_ns": transfer, "wait_ns": (arrive.max() - arrive).tolist(),
                       "sends": send_ids.tolist(), "done": done_ids.tolist()})
+    for i, j in enumerate(behind):  # a queued collective's first sends wait for the earlier one's done nodes
+        if j >= 0:
+            sends_, senders = first_sends[i]
+            new_edges.append(_edges(done_by[j][senders], sends_, np.ones(len(sends_), np.int64)))
     src = edges["src"].to_numpy(np.int64)
     moved = (src < base) & (done_of[np.minimum(src, base - 1)] >= 0) & (edges["kind"] != "arrive").to_numpy()
     if moved.any():
@@ -133,6 +152,29 @@ def _latest_before(member: np.ndarray, step: np.ndarray, ids: np.ndarray, query_
     at = np.searchsorted(sorted_keys, query_member * width + query_step, "left") - 1
     found = (at >= 0) & (sorted_keys[np.maximum(at, 0)] // width == query_member)
     return np.where(found, ids[order][np.maximum(at, 0)], -1)
+
+
+def _link_queue(matched: list[Matched], offset: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective, the index of the earlier collective over the same ranks it queued behind
+    (-1: none) and when its transfer began: when its last rank arrived, or, if an earlier
+    collective over the same ranks was still running then and ended before it, when that one
+    ended (the latest such end). A collective that ended first keeps its own arrival."""
+    arrive = np.array([offset[list(m.instances.values())].max() for m in matched], np.float64)
+    end = arrive + np.array([dur[list(m.instances.values())].min() for m in matched], np.float64)
+    behind = np.full(len(matched), -1, np.int64)
+    begins = arrive.copy()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, m in enumerate(matched):
+        groups.setdefault(tuple(sorted(m.instances)), []).append(i)
+    for members in groups.values():
+        members.sort(key=lambda i: arrive[i])
+        last = -1  # the collective whose end is the latest so far
+        for i in members:
+            if last >= 0 and arrive[i] < end[last] < end[i]:
+                behind[i], begins[i] = last, end[last]
+            if last < 0 or end[i] > end[last]:
+                last = i
+    return behind, begins
 
 
 def _step_durations(sends: Schedule, total_ns: float) -> np.ndarray:

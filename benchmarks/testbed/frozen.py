@@ -1,0 +1,77 @@
+"""The frozen model: which code the fidelity benchmark's scoring seed may score.
+
+``frozen.json`` beside this file names the model's code (a hash of the source of every package
+a prediction runs through, :func:`model_version`), the commit it was frozen at and the scoring
+seed drawn for it. A scoring run whose model is not that code is not held out: it says so
+instead of calling itself held out. Freezing again (after a change) needs a scoring seed never
+used before; every seed used stays listed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FROZEN_FILE", "Frozen", "check", "freeze", "model_version"]
+
+FROZEN_FILE = Path(__file__).with_name("frozen.json")
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis", "dpro/run_format.py")  # what a prediction runs
+
+
+def model_version(root: Path = ROOT) -> str:
+    """A hash of the model's source: every ``.py`` file under :data:`MODEL_SOURCES`."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for source in MODEL_SOURCES:
+        path = root / source
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(str(file.relative_to(root)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """What a scoring run may call itself."""
+
+    held_out: bool
+    seed: int | None
+    commit: str | None
+    why: str  # one line, printed with the results
+
+
+def check(path: Path = FROZEN_FILE, root: Path = ROOT) -> Frozen:
+    """Whether the model in ``root`` is the one frozen in ``path``."""
+    if not path.exists():
+        return Frozen(False, None, None, f"no frozen model ({path.name} is missing): not held out")
+    frozen = json.loads(path.read_text())
+    now = model_version(root)
+    if now != frozen["model"]:
+        return Frozen(False, frozen["scoring_seed"], frozen["commit"],
+                      f"NOT held out: the model changed after it was frozen at commit {frozen['commit'][:12]} "
+                      f"(model {frozen['model']}, now {now}); freeze it again with a fresh scoring seed")
+    return Frozen(True, frozen["scoring_seed"], frozen["commit"],
+                  f"held out: the model frozen at commit {frozen['commit'][:12]} (model {now}) before scoring seed "
+                  f"{frozen['scoring_seed']} first ran")
+
+
+def freeze(seed: int, path: Path = FROZEN_FILE, root: Path = ROOT) -> Frozen:
+    """Freeze the model as committed now with the scoring seed ``seed`` (never used before);
+    refused while the model's source has uncommitted changes."""
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *MODEL_SOURCES], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    if dirty:
+        raise SystemExit(f"commit the model first; uncommitted: {' '.join(dirty.split())}")
+    old = json.loads(path.read_text()) if path.exists() else {}
+    used = old.get("used_seeds", [])
+    if seed in used:
+        raise SystemExit(f"scoring seed {seed} was used before ({used}): draw a fresh one")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    path.write_text(json.dumps({"model": model_version(root), "commit": commit, "scoring_seed": seed,
+                                "used_seeds": [*used, seed]}, indent=1) + "\n")
+    return check(path, root)

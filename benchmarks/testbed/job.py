@@ -1,0 +1,154 @@
+"""An emulated-device DDP job: every layer's compute is a custom op that holds its thread for a set
+time without using the CPU, as a device kernel's launch-and-wait would; its parameters are real,
+and DDP all-reduces their gradients over the backend as usual.
+
+The op, ``dpro_testbed::hold(x, w, fixed_us, per_sample_us)``, sleeps ``fixed_us + per_sample_us
+× batch`` µs and returns ``x``'s copy; its backward sleeps ``backward_ratio`` times as long and
+returns the gradient of ``x`` and a zero gradient of ``w`` (a parameter-sized write, as a real
+layer's would be). It shows in torch.profiler as ``dpro_testbed::hold`` and its backward as
+autograd's node of it, like any op.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/testbed/job.py --spec spec.json --steps 30
+
+``--spec``: a :class:`~benchmarks.testbed.spec.JobSpec` as JSON (its ``layers``: each layer's
+parameter count and times). The DDP settings dpro's what-ifs change are flags: ``--bucket-cap-mb``,
+``--first-bucket-mb``, ``--comm-hook fp16|powersgd:RANK``, ``--accumulate K`` (the batch in ``K``
+micro-batches, DDP's ``no_sync`` on all but the last). ``--step-times PATH``: rank 0 writes each
+step's time there, so that a run is measured without any profiler or hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+WIDTH = 16  # the activations' width: tiny, so that no CPU time goes to them
+COLUMNS = 64  # each layer's weight is a (params / COLUMNS) x COLUMNS matrix
+
+
+@torch.library.custom_op("dpro_testbed::hold", mutates_args=())
+def hold(x: torch.Tensor, w: torch.Tensor, fixed_us: float, per_sample_us: float) -> torch.Tensor:
+    """Hold the thread ``fixed_us + per_sample_us × batch`` µs (off the CPU); ``x``'s copy."""
+    time.sleep((fixed_us + per_sample_us * x.shape[0]) * 1e-6)
+    return x.clone()
+
+
+@hold.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, fixed_us: float, per_sample_us: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("dpro_testbed::hold_backward", mutates_args=())
+def hold_backward(grad: torch.Tensor, w: torch.Tensor, fixed_us: float, per_sample_us: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of :func:`hold`: held as long as asked; the gradients of ``x`` and ``w``."""
+    time.sleep((fixed_us + per_sample_us * grad.shape[0]) * 1e-6)
+    return grad.clone(), torch.zeros_like(w)
+
+
+class Layer(nn.Module):
+    """One emulated layer: ``params`` parameters, ``forward_us`` (fixed, per sample) held forward,
+    ``backward_ratio`` times that backward."""
+
+    def __init__(self, params: int, forward_us: tuple[float, float], backward_ratio: float) -> None:
+        super().__init__()
+        # a matrix, as most layers' weights are (PowerSGD compresses matrices only)
+        self.weight = nn.Parameter(torch.randn(max(1, params // COLUMNS), COLUMNS) * 0.01)
+        self.forward_us = forward_us
+        self.backward_us = (forward_us[0] * backward_ratio, forward_us[1] * backward_ratio)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return hold_with_grad(x, self.weight, self.forward_us, self.backward_us)
+
+
+class _Hold(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, forward_us, backward_us):  # noqa: D102
+        ctx.save_for_backward(w)
+        ctx.backward_us = backward_us
+        return hold(x, w, *forward_us)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        (w,) = ctx.saved_tensors
+        grad_x, grad_w = hold_backward(grad, w, *ctx.backward_us)
+        return grad_x, grad_w, None, None
+
+
+def hold_with_grad(x: torch.Tensor, w: torch.Tensor, forward_us: tuple[float, float],
+                   backward_us: tuple[float, float]) -> torch.Tensor:
+    return _Hold.apply(x, w, forward_us, backward_us)
+
+
+def build_model(spec: dict) -> nn.Sequential:
+    return nn.Sequential(*(Layer(layer["params"], (layer["forward_fixed_us"], layer["forward_per_sample_us"]),
+                                 spec["backward_ratio"]) for layer in spec["layers"]))
+
+
+def register_comm_hook(ddp: DistributedDataParallel, name: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name.startswith("powersgd:"):
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(name.split(":")[1]),
+                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif name == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    else:
+        raise SystemExit(f"--comm-hook: {name!r} is not fp16 or powersgd:RANK")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--spec", required=True, help="the job's JobSpec, as JSON text or a path to it")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--first-bucket-mb", type=float)
+    p.add_argument("--comm-hook", metavar="fp16|powersgd:RANK")
+    p.add_argument("--accumulate", type=int, default=1, metavar="K")
+    p.add_argument("--step-times", metavar="PATH", help="rank 0 writes each step's time (ns) here, a line each")
+    args = p.parse_args()
+    spec = json.loads(args.spec if args.spec.lstrip().startswith("{") else open(args.spec).read())
+    if spec["batch"] % args.accumulate:
+        p.error(f"--accumulate must divide the batch {spec['batch']}")
+    dist.init_process_group("gloo")
+    torch.manual_seed(spec.get("seed", 0))
+    torch.set_num_threads(1)
+    model = build_model(spec)
+    options = {"bucket_cap_mb": args.bucket_cap_mb}
+    if args.first_bucket_mb is not None:
+        options = {"bucket_cap_mb_list": [args.first_bucket_mb, args.bucket_cap_mb]}
+    ddp = DistributedDataParallel(model, **options)
+    if args.comm_hook:
+        register_comm_hook(ddp, args.comm_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    batch = torch.randn(spec["batch"], WIDTH)
+    ends = [time.perf_counter_ns()]
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=False)
+        micro = batch.chunk(args.accumulate)
+        for i, x in enumerate(micro):
+            with ddp.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
+                ddp(x).sum().backward()
+        optimizer.step()
+        ends.append(time.perf_counter_ns())
+    if args.step_times and dist.get_rank() == 0:
+        with open(args.step_times, "w") as f:
+            f.writelines(f"{b - a}\n" for a, b in zip(ends, ends[1:]))
+    # DDP's reducer sits in reference cycles: freed now, gloo's workers are joined before
+    # interpreter shutdown (see examples/train_lm.py)
+    del ddp, optimizer, model
+    gc.collect()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The testbed's measuring protocol: configurations of emulated-device jobs on namespace hosts,
+measured interleaved and repeated, recorded once each as a prediction's source.
+
+A :class:`Config` is one job (:class:`~benchmarks.testbed.spec.JobSpec`) with DDP's settings,
+the number of hosts and their links' rate. :class:`Testbed` keeps one namespace cluster per
+host count for its whole life and re-shapes the links (``tc tbf``) before each run.
+
+- :meth:`Testbed.measure` runs the job with no profiler and no dpro (rank 0 times its own
+  steps) and returns the median of its steps after :data:`SKIP_STEPS`: the step time users see.
+- :meth:`Testbed.record` records it with ``dpro record`` (calibrated, as users record).
+- :func:`interleaved` measures every configuration ``repeats`` times, a round at a time, each
+  round in a new random order, so that a slow spell of the machine falls on many
+  configurations instead of on one; :func:`spread_pct` is a configuration's noise (largest over
+  smallest of its medians).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from benchmarks.testbed.spec import JobSpec
+
+__all__ = ["Config", "LocalJob", "Testbed", "interleaved", "spread_pct", "JOB", "SKIP_STEPS"]
+
+JOB = Path(__file__).with_name("job.py")
+EXAMPLE_CNN = (str(Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"), "--arch", "cnn", "--steps", "20")
+MEASURE_STEPS = 20  # steps of a measured run
+SKIP_STEPS = 5  # its first steps, left out (start-up, PowerSGD's uncompressed warm-up)
+RECORD_STEPS = 30
+RECORD_WINDOW = ["--skip", "10", "--warmup", "2", "--steps", "5"]
+RETRIES = 1  # a run whose rendezvous failed is run once more
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of a testbed job."""
+
+    name: str
+    job: JobSpec
+    rate_mbit: int
+    hosts: int = 2
+    bucket_cap_mb: float = 25.0
+    first_bucket_mb: float | None = None
+    comm_hook: str | None = None
+    accumulate: int = 1
+
+    def argv(self, steps: int) -> list[str]:
+        out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
+        if self.first_bucket_mb is not None:
+            out += ["--first-bucket-mb", str(self.first_bucket_mb)]
+        if self.comm_hook:
+            out += ["--comm-hook", self.comm_hook]
+        if self.accumulate > 1:
+            out += ["--accumulate", str(self.accumulate)]
+        return out
+
+    def but(self, name: str, **changes) -> Config:
+        return replace(self, name=name, **changes)
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """A job of ``ranks`` processes on this host over loopback (no namespaces, no shaping), that
+    writes each step's end time (ns) to ``--step-times PATH`` + ``.0``: the example's jobs."""
+
+    name: str
+    argv: tuple[str, ...]
+    ranks: int = 2
+
+
+class Testbed:
+    """Namespace clusters (one per host count, built on first use), kept until :meth:`close`."""
+
+    def __init__(self, log: Callable[[str], None] | None = None) -> None:
+        self._clusters: dict[int, object] = {}
+        self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.retried: list[str] = []
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for cluster in self._clusters.values():
+            cluster.__exit__(None, None, None)
+        self._clusters.clear()
+
+    def _cluster(self, config: Config):
+        from dpro.testing.netns import NetnsCluster
+
+        cluster = self._clusters.get(config.hosts)
+        if cluster is None:
+            cluster = NetnsCluster(config.hosts, prefix=f"tb{config.hosts}", subnet=f"10.78.{config.hosts}")
+            cluster.__enter__()
+            self._clusters[config.hosts] = cluster
+        for host in range(config.hosts):
+            cluster.throttle(host, f"{config.rate_mbit}mbit")
+        return cluster
+
+    def _run(self, config: Config, what: str, start: Callable[[object], list[subprocess.CompletedProcess]]) -> None:
+        for attempt in range(RETRIES + 1):
+            done = start(self._cluster(config))
+            if not any(r.returncode for r in done):
+                return
+            if attempt < RETRIES:
+                self.retried.append(f"{what} {config.name}")
+                self.log(f"testbed: {what} {config.name} failed; once more")
+        raise RuntimeError(f"{what} {config.name}: " + " | ".join(r.stderr.strip()[-400:] for r in done))
+
+    def measure(self, config: Config | LocalJob) -> float:
+        """The median step time (ms) of one run with no profiler, after its first :data:`SKIP_STEPS`."""
+        from dpro.testing.netns import torchrun_across_hosts
+
+        with tempfile.TemporaryDirectory(prefix="dpro-testbed-") as tmp:
+            times = Path(tmp) / "steps"
+            if isinstance(config, LocalJob):
+                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                f"--nproc-per-node={config.ranks}", *config.argv, "--step-times", str(times)],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+                ends = [int(line) for line in Path(f"{times}.0").read_text().split()]
+                return statistics.median(b - a for a, b in zip(ends[SKIP_STEPS:], ends[SKIP_STEPS + 1:])) / 1e6
+            self._run(config, "measuring", lambda c: torchrun_across_hosts(
+                c, [*config.argv(MEASURE_STEPS), "--step-times", times], timeout=600))
+            steps = [int(line) for line in times.read_text().split()]
+        return statistics.median(steps[SKIP_STEPS:]) / 1e6
+
+    def record(self, config: Config, run_dir: Path) -> Path:
+        """Record the configuration with ``dpro record`` into ``run_dir``."""
+        from dpro.testing.netns import record_across_hosts
+
+        def start(cluster):
+            if run_dir.exists():  # a failed attempt's partial run
+                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+            return record_across_hosts(cluster, run_dir, config.argv(RECORD_STEPS), record_args=RECORD_WINDOW,
+                                       timeout=600)
+
+        self._run(config, "recording", start)
+        return run_dir
+
+
+def interleaved(testbed: Testbed, configs: Iterable[Config | LocalJob], repeats: int, seed: int,
+                record_into: Path | None = None, sources: Iterable[str] = ()) -> dict[str, list[float]]:
+    """Measure every configuration ``repeats`` times, round by round, each round in a new random
+    order (from ``seed``); in the first round, also record the configurations named in
+    ``sources`` into ``record_into/<name>``. Each configuration's medians, in ms."""
+    configs = list(configs)
+    sources = set(sources)
+    order = random.Random(seed)
+    out: dict[str, list[float]] = {c.name: [] for c in configs}
+    total = repeats * len(configs) + len(sources)
+    done = 0
+    for round_ in range(repeats):
+        shuffled = configs[:]
+        order.shuffle(shuffled)
+        for config in shuffled:
+            if round_ == 0 and config.name in sources and record_into is not None:
+                done += 1
+                testbed.log(f"testbed: recording {config.name} ({done}/{total})")
+                testbed.record(config, record_into / config.name)
+            done += 1
+            out[config.name].append(testbed.measure(config))
+            testbed.log(f"testbed: {config.name} round {round_ + 1}: {out[config.name][-1]:.1f} ms ({done}/{total})")
+    return out
+
+
+def spread_pct(medians: list[float]) -> float:
+    """A configuration's noise: its largest median over its smallest, less one, in %."""
+    return 100 * (max(medians) / min(medians) - 1)
