@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
+from dpro.analysis.window import window_check
 from dpro.graph.kineto import load_trace
 from dpro.run_format import is_run_dir
 
@@ -61,6 +62,7 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
         "slowest_rank": max(medians, key=medians.get) if medians else None,
         "nodes": [{k: n.get(k) for k in ("host", "exit_code", "signal", "collectors")} for n in run.nodes()],
         "per_rank": per_rank,
+        "window": window_check(analysis),
     }
 
 

@@ -48,6 +48,8 @@ def format_summary(s: dict[str, Any]) -> str:
                      ms(r.get("profiled_step_ms", {}).get("median")),
                      "-" if r.get("events") is None else str(r["events"]), str(r.get("errors", 0))))
     lines += ["", table(rows)]
+    if (s.get("window") or {}).get("disturbed"):
+        lines.append(f"\nwarning: {s['window']['message']}")
     for n in s.get("nodes", []):
         status = f"exit code {n['exit_code']}" if n.get("signal") is None else f"killed by {n['signal']}"
         lines.append(f"\nnode {n['host']}: job {status}")

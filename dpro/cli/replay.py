@@ -24,11 +24,13 @@ TOP_OPS = 15  # ops listed by `dpro critical-path` without --all
 def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, scheduler: str | None,
            workers: int | None) -> None:
     """Replay a recorded run's dataflow graph: measured against predicted step time."""
+    from dpro.analysis.window import window_check
     from dpro.replayer.report import comparison, export_chrome_trace
 
     analysis = open_analysis(run, scheduler, workers, align=not no_align)
     graph, result = analysis.graph, analysis.replay()
-    summary = comparison(graph, result, analysis.unprofiled_step_ns, analysis.profiled_step_ns)
+    summary = {**comparison(graph, result, analysis.unprofiled_step_ns, analysis.profiled_step_ns),
+               "window": window_check(analysis)}
     if export:
         export_chrome_trace(graph, result, export)
     if as_json:
@@ -43,6 +45,8 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
     click.echo(table(rows))
     click.echo("measured: the median step outside the profiling window; predicted: the replay, the "
                "profiler's cost per event taken out")
+    if summary["window"]["disturbed"]:
+        click.echo(f"warning: {summary['window']['message']}")
 
 
 @click.command("critical-path")
