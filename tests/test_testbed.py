@@ -57,15 +57,23 @@ class _Counting:
         self.order.append(config.name)
         return self.values[config.name].pop(0)
 
+    def record(self, config: Config, run_dir) -> None:
+        self.order.append(f"record {config.name} into {run_dir.name}")
 
-def test_interleaved_runs_rounds_in_fresh_orders():
+
+def test_interleaved_runs_rounds_in_fresh_orders_and_records_sources_once(tmp_path):
     job = draw_job(1)
     configs = [Config(f"c{i}", job, 100) for i in range(4)]
     bed = _Counting({c.name: [1.0, 2.0, 3.0] for c in configs})
-    medians = interleaved(bed, configs, repeats=3, seed=7)
+    medians = interleaved(bed, configs, repeats=3, seed=7, record_into=tmp_path, sources=["c1", "c3"])
     assert medians == {c.name: [1.0, 2.0, 3.0] for c in configs}
-    rounds = [bed.order[i:i + 4] for i in (0, 4, 8)]
+    recorded = [i for i, o in enumerate(bed.order) if o.startswith("record")]
+    assert len(recorded) == 2
+    assert all(bed.order[i + 1] == bed.order[i].split()[1] for i in recorded)  # each just before its round-1 run
+    measured = [o for o in bed.order if not o.startswith("record")]
+    rounds = [measured[i:i + 4] for i in (0, 4, 8)]
     assert all(sorted(r) == ["c0", "c1", "c2", "c3"] for r in rounds)
+    assert max(recorded) < 6  # both in the first round (its 4 runs and 2 recordings)
     assert len({tuple(r) for r in rounds}) > 1  # not one fixed order
     assert spread_pct([100.0, 103.0, 101.0]) == pytest.approx(3.0)
 
@@ -88,10 +96,16 @@ def test_a_changed_model_is_not_called_held_out(model_tree):
     assert not frozen.check(path, model_tree).held_out  # never frozen
     state = frozen.freeze(11, path, model_tree)
     assert state.held_out and state.seed == 11 and "held out" in state.why
+    for changed in ("replayer/simulate.py", "benchmarks/fidelity.py"):  # the model, or the harness scoring it
+        file = model_tree / changed
+        before = file.read_text()
+        file.write_text(before + "\n# a change after the freeze\n")
+        state = frozen.check(path, model_tree)
+        assert not state.held_out and state.why.startswith("NOT held out")
+        file.write_text(before)
+        assert frozen.check(path, model_tree).held_out
     replayer = model_tree / "replayer" / "simulate.py"
     replayer.write_text(replayer.read_text() + "\n# a change after the freeze\n")
-    state = frozen.check(path, model_tree)
-    assert not state.held_out and state.why.startswith("NOT held out")
     with pytest.raises(SystemExit, match="commit the model first"):
         frozen.freeze(12, path, model_tree)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "c"], cwd=model_tree,
@@ -99,6 +113,12 @@ def test_a_changed_model_is_not_called_held_out(model_tree):
     with pytest.raises(SystemExit, match="was used before"):
         frozen.freeze(11, path, model_tree)
     assert frozen.freeze(12, path, model_tree).held_out
+    (model_tree / "graph" / "new.py").write_text("X = 1\n")
+    subprocess.run(["git", "add", "."], cwd=model_tree, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "n"], cwd=model_tree, check=True)
+    drawn = frozen.freeze(path=path, root=model_tree)  # a seed drawn now, none used before
+    assert drawn.held_out and drawn.seed not in (11, 12)
+    assert json.loads(path.read_text())["used_seeds"] == [11, 12, drawn.seed]
 
 
 @pytest.mark.parametrize("slow", [False, True])
@@ -116,3 +136,29 @@ def test_a_disturbed_profiling_window_is_flagged(tmp_path, slow):
     assert window["disturbed"] == slow
     if slow:
         assert window["slowdown_pct"] > 50
+
+
+def test_each_case_is_the_change_between_its_configurations():
+    from dpro.analysis.whatif import Change
+
+    from benchmarks.fidelity import _bytes_ratio, cases, change_of, job_configs
+    from benchmarks.testbed.spec import JobSpec, Layer
+
+    grid, beyond = job_configs(5, 0)
+    base, small, slow, fast, small_fast = grid
+    rate = base.rate_mbit
+    assert change_of(small_fast, base) == Change(bucket_cap_mb=25.0, bandwidth_scale=0.5)
+    assert change_of(slow, beyond[1]) == Change(bandwidth_scale=rate / (rate // 2), compress="fp16")
+    assert change_of(base, beyond[4]) == Change(world_size=4, ranks_per_host=1)
+    assert change_of(base, beyond[3]) == Change(accumulate=2)
+    assert change_of(small, beyond[0]) == Change(bucket_cap_mb=25.0, first_bucket_mb=0.1)
+    with pytest.raises(ValueError):
+        change_of(beyond[1], base)  # a source never has a hook
+    all_cases = cases(grid, beyond)
+    assert len(all_cases) == 5 * 4 + 5 * 5 and all(c.source in grid for c in all_cases)
+    assert {c.family for c in all_cases} >= {"buckets", "bandwidth", "buckets+bandwidth", "fp16", "powersgd",
+                                            "accumulation", "first bucket", "2 -> 4 hosts"}
+    spec = JobSpec(0, (Layer(64 * 64, 1.0, 1.0), Layer(64 * 2, 1.0, 1.0)), 2.0)
+    psgd = Config("p", spec, 100, comm_hook="powersgd:2")
+    # the 64x64 matrix sends 2 x (64 + 64); the 2x64 one is not worth compressing and goes whole
+    assert _bytes_ratio(psgd) == pytest.approx((256 + 128) / (4096 + 128))

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.testbed.protocol import JOB as TESTBED_JOB
+from benchmarks.testbed.spec import draw_job
 from dpro.analysis import RunAnalysis
 from dpro.replayer.linkmodel import wire_rates
 from dpro.run_format import open_run
 from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
-from .conftest import EXAMPLE, JOBS, SMALL_LM, assert_one_line_error, dpro
+from .conftest import JOBS, assert_one_line_error, dpro
 
 
 def whatif(run: Path, *args: str) -> dict:
@@ -101,13 +103,16 @@ def test_fused_ops_shorten_the_step(recorded_run: Path) -> None:
 @pytest.mark.privileged
 def test_a_faster_link_predicts_the_speed_up_of_a_job_bound_by_it(tmp_path: Path) -> None:
     """The replay's step boundary is no longer the recorded period: a job waiting on a slow link
-    between two hosts is predicted faster when the link is."""
+    between two hosts is predicted faster when the link is. The job is the testbed's emulated
+    device (its compute off the CPU), so that its profiled window runs like its other steps (the
+    example's CPU-bound window once replayed at 1.8x its unprofiled steps here)."""
     reason = can_build_namespaces()
     if reason:
         pytest.skip(reason)
     run = tmp_path / "run"
+    spec = draw_job(3, compute_ms=(30, 50), grad_mib=(0.5, 1.0))
     with NetnsCluster(2, rates={0: "20mbit", 1: "20mbit"}) as cluster:
-        results = record_across_hosts(cluster, run, [EXAMPLE, "--steps", "20", *SMALL_LM],
+        results = record_across_hosts(cluster, run, [TESTBED_JOB, "--spec", spec.to_json(), "--steps", "20"],
                                       record_args=("--skip", "6", "--warmup", "1", "--steps", "4"), timeout=300)
     assert all(r.returncode == 0 for r in results), "\n".join(  # whole, not a list pytest would cut
         f"--- host {i}: exit {r.returncode}\n{r.stderr[-4000:]}" for i, r in enumerate(results))

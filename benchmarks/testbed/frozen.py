@@ -1,7 +1,7 @@
 """The frozen model: which code the fidelity benchmark's scoring seed may score.
 
-``frozen.json`` beside this file names the model's code (a hash of the source of every package
-a prediction runs through, :func:`model_version`), the commit it was frozen at and the scoring
+``frozen.json`` beside this file names the model's code (a hash of the source of everything a
+prediction runs through, the benchmark's harness included, :func:`model_version`), the commit it was frozen at and the scoring
 seed drawn for it. A scoring run whose model is not that code is not held out: it says so
 instead of calling itself held out. Freezing again (after a change) needs a scoring seed never
 used before; every seed used stays listed.
@@ -10,6 +10,7 @@ used before; every seed used stays listed.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,19 @@ __all__ = ["FROZEN_FILE", "Frozen", "check", "freeze", "model_version"]
 
 FROZEN_FILE = Path(__file__).with_name("frozen.json")
 ROOT = Path(__file__).resolve().parents[2]
-MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis", "dpro/run_format.py")  # what a prediction runs
+# Everything a scored prediction runs through: the recording (collectors, dpro record, the
+# namespace hosts), the graph, the replayer, the what-if, and the benchmark's own harness (the
+# jobs it draws, how it measures and scores them). A change to any of them is a new model.
+MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpro/analysis/fanout.py",
+                 "dpro/analysis/cpu_ops.py", "dpro/analysis/fusion.py", "dpro/analysis/whatif.py",
+                 "dpro/run_format.py", "dpro/stats.py", "dpro/cli/record.py", "dpro/testing/netns.py",
+                 "benchmarks/fidelity.py", "benchmarks/testbed")
 
 
 def model_version(root: Path = ROOT) -> str:
-    """A hash of the model's source: every ``.py`` file under :data:`MODEL_SOURCES`."""
+    """A hash of the model's source: every ``.py`` file under :data:`MODEL_SOURCES` in ``root``
+    (by path, not by import as :func:`dpro.graph.store.code_version` does, so that a copy of the
+    tree can be checked)."""
     import hashlib
 
     digest = hashlib.sha1()
@@ -59,15 +68,17 @@ def check(path: Path = FROZEN_FILE, root: Path = ROOT) -> Frozen:
                   f"{frozen['scoring_seed']} first ran")
 
 
-def freeze(seed: int, path: Path = FROZEN_FILE, root: Path = ROOT) -> Frozen:
-    """Freeze the model as committed now with the scoring seed ``seed`` (never used before);
-    refused while the model's source has uncommitted changes."""
+def freeze(seed: int | None = None, path: Path = FROZEN_FILE, root: Path = ROOT) -> Frozen:
+    """Freeze the model as committed now with the scoring seed ``seed`` (never used before;
+    default: drawn now); refused while the model's source has uncommitted changes."""
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *MODEL_SOURCES], cwd=root, capture_output=True,
                            text=True, check=True).stdout.strip()
     if dirty:
         raise SystemExit(f"commit the model first; uncommitted: {' '.join(dirty.split())}")
     old = json.loads(path.read_text()) if path.exists() else {}
     used = old.get("used_seeds", [])
+    if seed is None:
+        seed = next(s for s in iter(lambda: 1000 + secrets.randbelow(9000), None) if s not in used)
     if seed in used:
         raise SystemExit(f"scoring seed {seed} was used before ({used}): draw a fresh one")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["JobSpec", "Layer", "draw_job"]
 
 BATCH = 8  # divisible by every accumulation the benchmarks use (1, 2, 4)
+COLUMNS = 64  # each layer's weight is a (params / COLUMNS) x COLUMNS matrix (job.py's COLUMNS, which runs alone)
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,17 @@
 The graph, and so every replay and prediction, is built from the profiled window's steps: a
 window that something disturbed (another job on the host, a burst of the machine, a slow
 storage write) makes the model follow that disturbance. :func:`window_check` compares the
-window's steps with the steps users run (outside it) and flags a window that ran far slower than
-them: by more than :data:`DISTURBED_PCT` and more than :data:`SPREADS` robust spreads of the
-unprofiled steps. The profiler's own cost is part of the window's time (the replay takes out its
-calibrated share), so a job of many tiny CPU ops can be flagged for its profiler alone: the
-message says so.
+window's steps, less what the profiler itself cost them, with the steps users run (outside the
+window), and flags a window that ran far slower than them: by more than :data:`DISTURBED_PCT`
+and more than :data:`SPREADS` robust spreads of the unprofiled steps.
+
+The profiler's cost per step is its calibrated cost per event (``calibration.json``, the mean of
+its two classes) times the events the rank recorded per profiled step, on every thread: an upper
+bound (events off the main thread need not delay the step), so that what is left is not the
+profiler's. Without a calibration nothing is taken out.
 
     >>> window_check(RunAnalysis.open("run1"))           # doctest: +SKIP
-    {'profiled_step_ms': 418.2, 'unprofiled_step_ms': 385.9, 'slowdown_pct': 8.4, ...}
+    {'profiled_step_ms': 418.2, 'unprofiled_step_ms': 385.9, 'profiler_ms': 1.2, 'slowdown_pct': 8.1, ...}
 """
 
 from __future__ import annotations
@@ -30,26 +33,40 @@ SPREADS = 3.0
 
 
 def window_check(analysis: RunAnalysis) -> dict[str, Any]:
-    """The profiled window against the unprofiled steps, over every rank's steps:
-    ``profiled_step_ms`` and ``unprofiled_step_ms`` (medians), ``slowdown_pct``, the unprofiled
-    steps' ``spread_pct`` (robust), ``disturbed`` and ``message`` (one line; None when the window
-    is not flagged or cannot be judged)."""
-    times = analysis.step_times
-    profiled = times.loc[times["phase"] == "profiled", "dur_ns"].to_numpy(np.float64)
-    plain = analysis.unprofiled_steps["dur_ns"].to_numpy(np.float64)
-    out: dict[str, Any] = {"profiled_step_ms": None, "unprofiled_step_ms": None, "slowdown_pct": None,
-                           "spread_pct": None, "disturbed": False, "message": None}
-    if not len(profiled) or not len(plain):
+    """The profiled window against the unprofiled steps, the mean over ranks of each rank's
+    medians: ``profiled_step_ms``, ``unprofiled_step_ms``, ``profiler_ms`` (its calibrated cost
+    per step), ``slowdown_pct`` (of the window less that cost), ``spread_pct`` (of the
+    unprofiled steps, robust), ``disturbed`` and ``message`` (one line; None when the window is
+    not flagged or cannot be judged)."""
+    out: dict[str, Any] = {"profiled_step_ms": None, "unprofiled_step_ms": None, "profiler_ms": None,
+                           "slowdown_pct": None, "spread_pct": None, "disturbed": False, "message": None}
+    profiled, plain = analysis.profiled_step_ns, analysis.unprofiled_step_ns
+    ranks = [r for r in analysis.ranks if profiled[r] == profiled[r] and plain[r] == plain[r]]
+    if not ranks:
         return out
-    p, u = float(np.median(profiled)), float(np.median(plain))
-    slowdown, spread = 100 * (p / u - 1), 100 * robust_spread(plain) / u
+    steps = analysis.unprofiled_steps
+    p = float(np.mean([profiled[r] for r in ranks]))
+    u = float(np.mean([plain[r] for r in ranks]))
+    cost = float(np.mean([_profiler_ns(analysis, r) for r in ranks]))
+    spread = 100 * float(np.median([robust_spread(steps.loc[steps["rank"] == r, "dur_ns"].to_numpy()) / plain[r]
+                                    for r in ranks]))
+    slowdown = 100 * ((p - cost) / u - 1)
     disturbed = slowdown > max(DISTURBED_PCT, SPREADS * spread)
-    out.update(profiled_step_ms=p / 1e6, unprofiled_step_ms=u / 1e6, slowdown_pct=slowdown, spread_pct=spread,
-               disturbed=bool(disturbed))
+    out.update(profiled_step_ms=p / 1e6, unprofiled_step_ms=u / 1e6, profiler_ms=cost / 1e6, slowdown_pct=slowdown,
+               spread_pct=spread, disturbed=bool(disturbed))
     if disturbed:
         out["message"] = (f"the profiling window's steps ran {slowdown:.0f}% slower than the unprofiled ones "
-                          f"({p / 1e6:.1f} against {u / 1e6:.1f} ms, whose spread is {spread:.1f}%): the replay and "
-                          "every prediction follow the window; the profiler's calibrated cost is taken out, the "
-                          "rest was a disturbance or more profiler cost than calibrated. Record again if the "
-                          "machine was busy")
+                          f"({p / 1e6:.1f} ms, {cost / 1e6:.1f} of it the profiler's calibrated cost, against "
+                          f"{u / 1e6:.1f} ms, whose spread is {spread:.1f}%): the replay and every prediction follow "
+                          "the window. Record again if the machine was busy")
     return out
+
+
+def _profiler_ns(analysis: RunAnalysis, rank: int) -> float:
+    """The profiler's calibrated cost per profiled step of ``rank`` (0 without a calibration or a trace)."""
+    costs = analysis.profiler_cost_ns().get(rank)
+    if not costs or analysis.run.trace_path(rank) is None:
+        return 0.0
+    events = analysis.tables(rank).events
+    per_step = events.groupby("step").size()
+    return float(per_step.median()) * (costs["forward"] + costs["backward"]) / 2 if len(per_step) else 0.0
