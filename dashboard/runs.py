@@ -22,6 +22,7 @@ import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.whatif import Change, Prediction
+from dpro.analysis.window import window_check
 from dpro.anomaly.diagnose import diagnose
 from dpro.anomaly.fabric.probes import Probes, read_probes
 from dpro.anomaly.fabric.topology import read_topology
@@ -119,6 +120,11 @@ class RunView:
         graph, result = self.analysis.graph, self.analysis.replay()
         return {r: {k[:-3]: v for k, v in breakdown(graph, result, r).items() if k.endswith("_ms")}
                 for r in sorted(graph.step_ns)}
+
+    @cached_property
+    def window(self) -> dict[str, Any]:
+        """Whether the profiling window ran like the other steps (:func:`dpro.analysis.window.window_check`)."""
+        return window_check(self.analysis)
 
     @cached_property
     def replayed_step_ms(self) -> dict[int, float]:

@@ -19,7 +19,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from dpro.testing.browser import free_port, start_dashboard
-from tests.conftest import ROOT, assert_one_line_error, dpro
+from tests.conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 ARTIFACTS = Path(os.environ.get("DPRO_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"
 WAIT_S = 60
@@ -69,6 +69,22 @@ def test_overview_names_the_slowest_rank_and_plots_every_rank(browser, dashboard
     assert "Missing: GPU samples" in browser.find_element(By.ID, "page").text  # no GPU here: said in the page
     _shot(browser, "overview")
     assert not _console_errors(browser)
+
+
+def test_overview_flags_a_disturbed_profiling_window(browser, tmp_path):
+    run = tmp_path / "disturbed"
+    result = dpro("record", "-o", run, "--skip", "4", "--warmup", "1", "--steps", "3", "--no-calibrate", "--",
+                  *TORCHRUN, "--nproc-per-node=2", JOBS / "disturbed_window.py", "--steps", "16", "--slow", "5", "7")
+    assert result.returncode == 0, result.stderr
+    server, url = start_dashboard(str(run))
+    try:
+        _open(browser, url + "/", "#window-disturbed")
+        assert "the profiling window's steps ran" in _text(browser, "window-disturbed")
+        _shot(browser, "overview-disturbed-window")
+        assert not _console_errors(browser)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_timeline_zooms_and_shows_an_op(browser, dashboard):

@@ -7,7 +7,6 @@ from typing import Any
 
 from dash import html
 
-from dpro.analysis.window import window_check
 from dpro.optimizer.report_html import breakdown_figure
 
 from dpro.dashboard.figures import step_figure
@@ -29,9 +28,8 @@ def layout(view: RunView, views: list[RunView]) -> Any:
         parts.append(html.P([html.B("Slowest rank: "), f"{labels[slowest]}, median step {medians[slowest]:.2f} ms "
                              "(outside the profiling window)"], id="slowest-rank"))
     parts += [missing(m) for m in view.missing]
-    window = window_check(analysis)
-    if window["disturbed"]:
-        parts.append(html.P([html.B("Disturbed profiling window: "), window["message"]], id="window-disturbed",
+    if view.window["disturbed"]:
+        parts.append(html.P([html.B("Disturbed profiling window: "), view.window["message"]], id="window-disturbed",
                             style={"color": "#8a6d3b", "background": "#fcf8e3", "padding": "6px"}))
     if not analysis.step_times.empty:
         parts.append(figure("overview-steps", step_figure(analysis.step_times, view.replayed_step_ms, labels)))

@@ -55,10 +55,11 @@ def window_check(analysis: RunAnalysis) -> dict[str, Any]:
     out.update(profiled_step_ms=p / 1e6, unprofiled_step_ms=u / 1e6, profiler_ms=cost / 1e6, slowdown_pct=slowdown,
                spread_pct=spread, disturbed=bool(disturbed))
     if disturbed:
+        profiler = (f"{cost / 1e6:.1f} ms of it the profiler's calibrated cost" if cost else
+                    "the profiler's cost not calibrated")
         out["message"] = (f"the profiling window's steps ran {slowdown:.0f}% slower than the unprofiled ones "
-                          f"({p / 1e6:.1f} ms, {cost / 1e6:.1f} of it the profiler's calibrated cost, against "
-                          f"{u / 1e6:.1f} ms, whose spread is {spread:.1f}%): the replay and every prediction follow "
-                          "the window. Record again if the machine was busy")
+                          f"({p / 1e6:.1f} ms, {profiler}, against {u / 1e6:.1f} ms, whose spread is {spread:.1f}%): "
+                          "the replay and every prediction follow the window. Record again if the machine was busy")
     return out
 
 
