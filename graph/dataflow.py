@@ -142,9 +142,9 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
     collective and size, else the backend's default is assumed. ``hosts`` (rank -> host name)
     tells links within a host from links between hosts.
     """
-    steps = {r: rd.step.steps for r, rd in reductions.items()}
+    steps = [rd.step.steps for rd in reductions.values()]
     common = common_steps({r: rd.steps for r, rd in reductions.items()})
-    if any(s != common for s in steps.values()):
+    if any(s != steps[0] for s in steps) or not set(steps[0]) <= set(common):
         raise GraphError("the ranks' typical steps are made of different steps; reduce them over the common ones")
     clocks = {r: (offsets or {}).get(r, 0) if align else 0 for r in reductions}
     if align:
@@ -180,7 +180,7 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                                          .reset_index(drop=True)),
                          text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),
                          step_ns={r: rd.step.step_ns for r, rd in reductions.items()},
-                         start_ns={r: starts[r] - first for r in reductions}, steps=common,
+                         start_ns={r: starts[r] - first for r in reductions}, steps=steps[0],
                          collectives=table, clock_offsets_ns=clocks,
                          hosts=dict(hosts) if hosts else {r: "" for r in reductions},
                          wraps=pd.concat(wrap_frames, ignore_index=True))

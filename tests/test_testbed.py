@@ -162,3 +162,17 @@ def test_each_case_is_the_change_between_its_configurations():
     psgd = Config("p", spec, 100, comm_hook="powersgd:2")
     # the 64x64 matrix sends 2 x (64 + 64); the 2x64 one is not worth compressing and goes whole
     assert _bytes_ratio(psgd) == pytest.approx((256 + 128) / (4096 + 128))
+
+
+def test_a_stalled_profiled_step_is_left_out_of_the_typical_step(tmp_path):
+    run = tmp_path / "run"
+    result = dpro("record", "-o", run, "--skip", "4", "--warmup", "1", "--steps", "3", "--no-calibrate", "--",
+                  *TORCHRUN, "--nproc-per-node=2", JOBS / "disturbed_window.py", "--steps", "16", "--slow", "6", "6")
+    assert result.returncode == 0, result.stderr
+    from dpro.analysis import RunAnalysis
+
+    analysis = RunAnalysis.open(run)
+    assert analysis.stalled_steps == [6]
+    assert analysis.graph.steps == [5, 7]
+    replay = json.loads(dpro("replay", run, "--json").stdout)
+    assert abs(replay["error_pct"]) < 25, replay["error_pct"]  # the stalled step's 40 ms would be +95% alone

@@ -47,7 +47,9 @@ from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.result import Replay
 from dpro.run_format import Run, open_run
 
-__all__ = ["RunAnalysis"]
+__all__ = ["RunAnalysis", "STALLED"]
+
+STALLED = 1.5  # a profiled step this many times the window's median step is left out of the typical step
 
 
 class RunAnalysis:
@@ -202,10 +204,25 @@ class RunAnalysis:
                              "was the profiling window reached?")
         reductions = self._reduce(self.ranks, None)
         common = common_steps({r: rd.steps for r, rd in reductions.items()})
-        redo = [r for r, rd in reductions.items() if rd.step.steps != common]
-        if redo:  # a rank profiled steps the others did not: reduce it again over the common ones
-            reductions.update(self._reduce(redo, common))
+        kept = [s for s in common if s not in set(self.stalled_steps)] or common
+        redo = [r for r, rd in reductions.items() if rd.step.steps != kept]
+        if redo:  # a rank profiled steps the others did not, or stalled steps: reduce it again over the kept ones
+            reductions.update(self._reduce(redo, kept))
         return reductions
+
+    @cached_property
+    def stalled_steps(self) -> list[int]:
+        """Profiled steps that ran more than :data:`STALLED` times the window's median step on
+        some rank: a stall the window's other steps did not have (a retransmission timeout, a
+        burst of the machine). The typical step leaves them out, while they are at most half of
+        the window: its ops' times are medians taken op by op, and stalls that fell in different
+        places of a step on different ranks would otherwise mix into an order no step had."""
+        times = self.step_times[self.step_times["phase"] == "profiled"]
+        if times.empty:
+            return []
+        longest = times.groupby("step")["dur_ns"].max()
+        stalled = longest[longest > STALLED * longest.median()].index
+        return sorted(int(s) for s in stalled) if 2 * len(stalled) <= len(longest) else []
 
     # --- the global stage, stored --------------------------------------------------------------
 

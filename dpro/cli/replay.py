@@ -24,6 +24,7 @@ TOP_OPS = 15  # ops listed by `dpro critical-path` without --all
 def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, scheduler: str | None,
            workers: int | None) -> None:
     """Replay a recorded run's dataflow graph: measured against predicted step time."""
+    from dpro.analysis.run import STALLED
     from dpro.analysis.window import window_check
     from dpro.replayer.report import comparison, export_chrome_trace
 
@@ -37,6 +38,9 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
         click.echo(json.dumps(summary, indent=1))
         return
     click.echo(f"graph of profiled steps {summary['steps']}: {summary['nodes']} nodes, {summary['edges']} edges")
+    if analysis.stalled_steps:
+        click.echo(f"left out of the graph: profiled step(s) {analysis.stalled_steps}, each more than "
+                   f"{STALLED:g}x the window's median step on some rank")
     rows = [("rank", "measured ms", "predicted ms", "error %", "profiled ms", "profiler slow-down")]
     for r in [*summary["per_rank"], {**summary, "rank": "job"}]:
         rows.append((str(r["rank"]), ms(r["measured_step_ms"]), f"{r['predicted_step_ms']:.2f}",
