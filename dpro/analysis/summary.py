@@ -28,15 +28,21 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
     """Per-rank step-time statistics and what each rank wrote.
 
     ``step_ms`` is computed over the steps outside the profiling window (and after step 0,
-    whose start is unknown); ``profiled_step_ms`` over the profiled steps.
+    whose start is unknown); ``profiled_step_ms`` over the profiled steps; ``window``: whether the
+    profiling window ran like the other steps (:func:`~dpro.analysis.window.window_check`; None
+    without ``count_events``, which reads no trace).
     """
     run = analysis.run
     per_rank = []
+    events_per_step: dict[int, float] = {}  # profiler events per profiled step, for the window check
     for rank in analysis.ranks:
         meta = analysis.metas[rank]
         steps = analysis.steps(rank)
         timed = steps.dropna(subset=["dur_ns"])
         trace = run.trace_path(rank)
+        events = analysis.tables(rank).events if count_events and trace else None
+        if events is not None and len(events):
+            events_per_step[rank] = float(events.groupby("step").size().median())
         per_rank.append({
             "rank": rank,
             "host": meta.get("host"),
@@ -46,7 +52,7 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
             "profiled_step_ms": step_stats_ms(timed.loc[timed["phase"] == "profiled", "dur_ns"]),
             "profiled_steps": timed.loc[timed["phase"] == "profiled", "step"].tolist(),
             "trace": str(trace.relative_to(run.root)) if trace else None,
-            "events": len(analysis.tables(rank).events) if count_events and trace else None,
+            "events": None if events is None else len(events),
             "errors": _count_errors(run.errors_path(rank)),
         })
     medians = {r["rank"]: r["step_ms"]["median"] for r in per_rank if r["step_ms"]["median"] is not None}
@@ -62,7 +68,7 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
         "slowest_rank": max(medians, key=medians.get) if medians else None,
         "nodes": [{k: n.get(k) for k in ("host", "exit_code", "signal", "collectors")} for n in run.nodes()],
         "per_rank": per_rank,
-        "window": window_check(analysis),
+        "window": window_check(analysis, events_per_step) if count_events else None,
     }
 
 

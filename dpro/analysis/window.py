@@ -8,9 +8,9 @@ window), and flags a window that ran far slower than them: by more than :data:`D
 and more than :data:`SPREADS` robust spreads of the unprofiled steps.
 
 The profiler's cost per step is its calibrated cost per event (``calibration.json``, the mean of
-its two classes) times the events the rank recorded per profiled step, on every thread: an upper
-bound (events off the main thread need not delay the step), so that what is left is not the
-profiler's. Without a calibration nothing is taken out.
+its two classes) times the events the rank recorded per profiled step: by default those of the
+graph's CPU ops (the events the replay takes the profiler's cost out of, read from the stored
+analysis), or those the caller counted in the traces. Without a calibration nothing is taken out.
 
     >>> window_check(RunAnalysis.open("run1"))           # doctest: +SKIP
     {'profiled_step_ms': 418.2, 'unprofiled_step_ms': 385.9, 'profiler_ms': 1.2, 'slowdown_pct': 8.1, ...}
@@ -32,12 +32,13 @@ DISTURBED_PCT = 10.0
 SPREADS = 3.0
 
 
-def window_check(analysis: RunAnalysis) -> dict[str, Any]:
+def window_check(analysis: RunAnalysis, events_per_step: dict[int, float] | None = None) -> dict[str, Any]:
     """The profiled window against the unprofiled steps, the mean over ranks of each rank's
     medians: ``profiled_step_ms``, ``unprofiled_step_ms``, ``profiler_ms`` (its calibrated cost
     per step), ``slowdown_pct`` (of the window less that cost), ``spread_pct`` (of the
     unprofiled steps, robust), ``disturbed`` and ``message`` (one line; None when the window is
-    not flagged or cannot be judged)."""
+    not flagged or cannot be judged). ``events_per_step``: each rank's profiler events per
+    profiled step (default: the graph's)."""
     out: dict[str, Any] = {"profiled_step_ms": None, "unprofiled_step_ms": None, "profiler_ms": None,
                            "slowdown_pct": None, "spread_pct": None, "disturbed": False, "message": None}
     profiled, plain = analysis.profiled_step_ns, analysis.unprofiled_step_ns
@@ -47,7 +48,10 @@ def window_check(analysis: RunAnalysis) -> dict[str, Any]:
     steps = analysis.unprofiled_steps
     p = float(np.mean([profiled[r] for r in ranks]))
     u = float(np.mean([plain[r] for r in ranks]))
-    cost = float(np.mean([_profiler_ns(analysis, r) for r in ranks]))
+    events = _graph_events(analysis) if events_per_step is None else events_per_step
+    costs = analysis.profiler_cost_ns()
+    cost = float(np.mean([events.get(r, 0.0) * (costs[r]["forward"] + costs[r]["backward"]) / 2 if r in costs else 0.0
+                          for r in ranks]))
     spread = 100 * float(np.median([robust_spread(steps.loc[steps["rank"] == r, "dur_ns"].to_numpy()) / plain[r]
                                     for r in ranks]))
     slowdown = 100 * ((p - cost) / u - 1)
@@ -63,11 +67,7 @@ def window_check(analysis: RunAnalysis) -> dict[str, Any]:
     return out
 
 
-def _profiler_ns(analysis: RunAnalysis, rank: int) -> float:
-    """The profiler's calibrated cost per profiled step of ``rank`` (0 without a calibration or a trace)."""
-    costs = analysis.profiler_cost_ns().get(rank)
-    if not costs or analysis.run.trace_path(rank) is None:
-        return 0.0
-    events = analysis.tables(rank).events
-    per_step = events.groupby("step").size()
-    return float(per_step.median()) * (costs["forward"] + costs["backward"]) / 2 if len(per_step) else 0.0
+def _graph_events(analysis: RunAnalysis) -> dict[int, float]:
+    """Each rank's profiler events in the graph's typical step (its CPU ops and the calls in them)."""
+    nodes = analysis.graph.nodes
+    return {int(r): float(n) for r, n in nodes.groupby("rank")["events"].sum().items()}
