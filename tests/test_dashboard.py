@@ -71,22 +71,6 @@ def test_overview_names_the_slowest_rank_and_plots_every_rank(browser, dashboard
     assert not _console_errors(browser)
 
 
-def test_overview_flags_a_disturbed_profiling_window(browser, tmp_path):
-    run = tmp_path / "disturbed"
-    result = dpro("record", "-o", run, "--skip", "4", "--warmup", "1", "--steps", "3", "--no-calibrate", "--",
-                  *TORCHRUN, "--nproc-per-node=2", JOBS / "disturbed_window.py", "--steps", "16", "--slow", "5", "7")
-    assert result.returncode == 0, result.stderr
-    server, url = start_dashboard(str(run))
-    try:
-        _open(browser, url + "/", "#window-disturbed")
-        assert "the profiling window's steps ran" in _text(browser, "window-disturbed")
-        _shot(browser, "overview-disturbed-window")
-        assert not _console_errors(browser)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 def test_timeline_zooms_and_shows_an_op(browser, dashboard):
     _open(browser, dashboard + "/timeline", "#timeline .barlayer .point")
     before = _text(browser, "timeline-status")
@@ -231,6 +215,22 @@ def test_binding_beyond_loopback_warns(recorded_run):
     try:
         first = server.stderr.readline()
         assert first.startswith("Warning: listening on 0.0.0.0")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_overview_flags_a_disturbed_profiling_window(browser, tmp_path):
+    run = tmp_path / "disturbed"
+    result = dpro("record", "-o", run, "--skip", "4", "--warmup", "1", "--steps", "3", "--no-calibrate", "--",
+                  *TORCHRUN, "--nproc-per-node=2", JOBS / "disturbed_window.py", "--steps", "16", "--slow", "5", "7")
+    assert result.returncode == 0, result.stderr
+    server, url = start_dashboard(str(run))
+    try:
+        _open(browser, url + "/", "#window-disturbed")
+        assert "the profiling window's steps ran" in _text(browser, "window-disturbed")
+        _shot(browser, "overview-disturbed-window")
+        assert not _console_errors(browser)
     finally:
         server.terminate()
         server.wait(timeout=30)
