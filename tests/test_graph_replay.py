@@ -73,8 +73,12 @@ def test_clock_offsets_are_kept_when_consistent_and_clamped_when_not(recorded_ru
     analysis = RunAnalysis.open(recorded_run)
     instances = match(pd.concat([reduce_trace(analysis.run.trace_path(r), r).instances for r in analysis.ranks]))
     recorded = analysis.recorded_offsets
-    assert refine_offsets(instances, recorded) == recorded, "one machine: the measured offsets are consistent"
-    assert analysis.offsets == recorded
+    # One machine, one clock: the true offsets are 0, and they always fit what the collectives show.
+    assert refine_offsets(instances, {0: 0, 1: 0}) == {0: 0, 1: 0}
+    # The ping-pong's error grows with the round trip on a loaded machine (once -273 us of a
+    # 645 us round trip); the collectives only ever move it closer to the truth.
+    refined = refine_offsets(instances, recorded)
+    assert abs(refined[1]) <= abs(recorded[1]) and analysis.offsets == refined
     wrong = refine_offsets(instances, {0: 0, 1: 10**9})  # a second off: no collective could overlap
     assert 0 < wrong[1] < 10**9 and abs(wrong[1] - recorded[1]) < 50_000_000
 
