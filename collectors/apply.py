@@ -2,8 +2,9 @@
 
 ``dpro record`` passes the settings in :data:`ENV_APPLY` (JSON, validated by the command):
 
-- ``bucket_cap_mb``, ``gradient_as_bucket_view``: every ``DistributedDataParallel`` is built
-  with this bucket cap, with gradients as views into its buckets, whatever the script passed;
+- ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``: every
+  ``DistributedDataParallel`` is built with this bucket cap, with gradients as views into its
+  buckets, with a static graph, whatever the script passed;
 - ``first_bucket_mb``: every ``DistributedDataParallel`` is built with
   ``bucket_cap_mb_list=[first, cap]`` (torch 2.13; left out on a torch without it), ``cap`` the
   strategy's bucket cap, else the script's, else DDP's default; if DDP refuses the list (under
@@ -34,7 +35,7 @@ from typing import Any, Callable
 from dpro.collectors.metadata import first_bucket_cap
 
 ENV_APPLY = "DPRO_APPLY"
-CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view")  # DistributedDataParallel's arguments
+CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DistributedDataParallel's arguments
 CODE_CHANGES = {"activation_checkpointing": "a change to the model's code",
                 "gradient_accumulation": "a change to the training loop",
                 "torch_compile": "the DDP module compiled in the script"}

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
-from dpro.analysis.whatif import Change, Prediction
+from dpro.analysis.whatif import Change, CostModel, Prediction
 from dpro.analysis.window import window_check
 from dpro.anomaly.diagnose import diagnose
 from dpro.anomaly.fabric.probes import Probes, read_probes
@@ -131,13 +131,18 @@ class RunView:
         """The replay's step time per rank (the recorded configuration, unanchored)."""
         return {int(r): v / 1e6 for r, v in self.analysis.replay().step_ns.items()} if self.has_replay else {}
 
+    @cached_property
+    def cost_model(self) -> CostModel:
+        """The run's cost model, built once for every prediction the session asks for."""
+        return CostModel(self.analysis)
+
     def predict(self, change: Change) -> Prediction:
         """The run's job under ``change`` (the last :data:`PREDICTIONS_KEPT` are kept)."""
         with self._lock:
             if change in self._predictions:
                 self._predictions.move_to_end(change)
                 return self._predictions[change]
-        prediction = Prediction.of(self.analysis, change)
+        prediction = self.cost_model.predict(change)
         with self._lock:
             self._predictions[change] = prediction
             while len(self._predictions) > PREDICTIONS_KEPT:

@@ -10,30 +10,55 @@ from typing import Any
 from dpro.analysis.run import RunAnalysis
 from dpro.run_format import write_json_atomic
 
-from dpro.optimizer.report_html import write_html
-from dpro.optimizer.search import SearchResult
+from dpro.optimizer.report_html import speedups, write_html
+from dpro.optimizer.search import Evaluated, SearchResult
+from dpro.optimizer.strategy import Strategy
+from dpro.optimizer.trials import Trial, best
+from dpro.optimizer.uncertainty import interval, intervals_source
 
-__all__ = ["report", "write_report"]
+__all__ = ["candidates", "lines", "report", "with_trials", "write_report"]
+
+EQUAL = 1e-6  # predictions this close are the same prediction
 
 
 def report(result: SearchResult) -> dict[str, Any]:
-    """``{"baseline_step_ms", "strategies": [{"name", "passes", "lossy", "predicted_step_ms",
-    "predicted_speedup", "memory_gb", "change", "apply"}...], "notes", "search"}``, best first.
-    ``change``: the code change; ``apply``: the settings ``dpro record --apply`` sets;
-    ``memory_gb``: the strategy's memory estimate on its largest rank (GB, 1e9 bytes; null where
-    the run did not measure memory, :mod:`dpro.optimizer.memory`)."""
+    """``{"baseline_step_ms", "recommendation", "strategies", "code_changes", "notes", "search",
+    "intervals"}``.
+
+    ``strategies``: the lines ``dpro record --apply`` can set whole and whose family is scored,
+    the recommendation first (:func:`lines`); ``code_changes``: the strategies that need the
+    script changed by hand or that no held-out case has scored, listed apart and never
+    recommended. Each line: ``name``, ``passes``, ``lossy``, ``predicted_step_ms``,
+    ``predicted_speedup``, ``interval_ms`` (the measured step the prediction stands for, 90% on
+    held-out cases; null where unscored), ``speedup_interval``, ``status`` (``recommended``,
+    ``proven``, ``as recorded``, ``unproven``, ``slower``, ``unscored``), ``equivalents`` (the
+    strategies it stands for), ``memory_gb`` (the largest rank's estimate, GB; null where the run
+    did not measure memory), ``change`` (the code change), ``apply`` (the settings ``dpro record
+    --apply`` sets) and what the cost model found (``prediction``)."""
     baseline = result.baseline_step_ms
-    strategies = []
-    for e in result.evaluated:
-        s = e.strategy
-        strategies.append({"name": s.name, "passes": list(s.passes), "lossy": s.lossy,
-                           "predicted_step_ms": e.predicted_step_ms, "predicted_speedup": baseline / e.predicted_step_ms,
-                           "memory_gb": None if e.memory_bytes is None else e.memory_bytes / 1e9,
-                           "change": s.code(), "apply": dict(s.settings),
-                           "prediction": {k: e.prediction.get(k) for k in ("replayed_step_ms", "unanchored_step_ms",
-                                                                           "link_model", "buckets_bytes", "compression")
-                                          if k in e.prediction}})
-    return {"baseline_step_ms": baseline, "strategies": strategies, "notes": list(result.notes),
+    entries = [_entry(e, baseline) for e in result.evaluated]
+    ranked = lines([x for x in entries if not x["code_change"] and x["interval_ms"] is not None])
+    apart = lines([x for x in entries if x["code_change"] or x["interval_ms"] is None])
+    best = ranked[0] if ranked else None
+    if not any(e is result.recorded for e in result.evaluated):  # over the memory budget: the best that fits, however sure
+        best = (ranked or apart)[0]
+        best["status"] = "recommended"
+        verdict = {"verdict": "change", "name": best["name"],
+                   "why": "the recorded configuration needs more memory than the budget: the best predicted that fits"}
+        ranked = [best] + [x for x in ranked if x is not best]
+        apart = [x for x in apart if x is not best]
+    elif best is not None and best["status"] == "proven":
+        best["status"] = "recommended"
+        verdict = {"verdict": "change", "name": best["name"],
+                   "why": f"predicted {best['predicted_speedup']:.2f}x, at least {best['speedup_interval'][0]:.2f}x "
+                          "on 90% of held-out cases"}
+    else:
+        unproven = [x["name"] for x in ranked if x["status"] == "unproven"]
+        verdict = {"verdict": "keep", "name": "as-recorded",
+                   "why": "no change's predicted gain clears its uncertainty" + (
+                       f" (best unproven: {', '.join(unproven[:3])})" if unproven else "")}
+    return {"baseline_step_ms": baseline, "recommendation": verdict, "strategies": ranked, "code_changes": apart,
+            "notes": list(result.notes), "intervals": intervals_source(),
             "search": {"space": result.space, "evaluated": result.tried, "elapsed_s": result.elapsed_s,
                        "exhaustive": result.exhaustive,
                        "exposed_communication_ms": result.exposed_communication_ms,
@@ -42,44 +67,173 @@ def report(result: SearchResult) -> dict[str, Any]:
                        "tricks": asdict(result.tricks)}}
 
 
-def write_report(data: dict[str, Any], out: Path, analysis: RunAnalysis) -> None:
-    """``report.json``, ``report.md``, ``report.html`` (:mod:`dpro.optimizer.report_html`),
-    ``strategy.json`` (the best) and ``strategies/<name>.json``."""
+def candidates(data: dict[str, Any], count: int) -> list[tuple[str, dict[str, Any], float]]:
+    """The ``count`` strategies to measure, ``(name, settings, predicted ms)``: the lines that
+    change the job in the report's order, then the strategies each stands for (which the cost
+    model could not tell apart), in the same order."""
+    found = [(s["name"], s["apply"], s["predicted_step_ms"]) for s in data["strategies"] if s["apply"]]
+    found += [(e["name"], e["apply"], e["predicted_step_ms"]) for s in data["strategies"]
+              for e in s["equivalent_strategies"]]
+    return found[:count]
+
+
+def with_trials(data: dict[str, Any], trials: list[Trial], steps: int, rounds: int) -> dict[str, Any]:
+    """``data`` with the measured trials (``trials[0]``: the job as it is) and the measured best
+    recommended in place of the predicted best: its line first, ``strategy.json``'s."""
+    baseline = trials[0].median_ms
+    winner = best(trials)
+    found = {x["name"]: x for x in data["strategies"]}
+    for line in data["strategies"]:  # a measured equivalent is a line of its own from now on
+        for e in line["equivalent_strategies"]:
+            if any(t.name == e["name"] for t in trials):
+                found[e["name"]] = {**line, **e, "name": e["name"], "equivalents": [], "equivalent_strategies": [],
+                                    "change": Strategy(e["apply"]).code(), "status": line["status"]}
+    for t in trials:
+        if t.name in found:
+            found[t.name]["measured_ms"] = t.median_ms
+    if winner is None or winner is trials[0] or baseline is None:
+        verdict = {"verdict": "keep", "name": "as-recorded", "by": "trials",
+                   "why": "no trial measured a step (see the trials)" if winner is None else
+                          "the job as it is measured no step: nothing to compare with" if baseline is None else
+                          "no candidate measured faster than the job as it is"}
+    else:
+        verdict = {"verdict": "change", "name": winner.name, "by": "trials",
+                   "why": f"measured {baseline / winner.median_ms:.2f}x faster than the job as it is "
+                          f"({winner.median_ms:.1f} against {baseline:.1f} ms, medians of {len(winner.measured_ms)} "
+                          f"interleaved trials; predicted {data['baseline_step_ms'] / winner.predicted_step_ms:.2f}x)"}
+    chosen = found[verdict["name"]]
+    for x in data["strategies"]:
+        if x["status"] == "recommended":
+            x["status"] = "proven"
+    chosen["status"] = "recommended" if verdict["verdict"] == "change" else "as recorded"
+    strategies = [chosen] + [x for x in data["strategies"] if x["name"] != chosen["name"]]
+    return {**data, "recommendation": verdict, "strategies": strategies,
+            "trials": {"steps": steps, "rounds": rounds, "results": [t.as_dict(baseline) for t in trials]}}
+
+
+def _entry(e: Evaluated, baseline: float) -> dict[str, Any]:
+    s, predicted = e.strategy, e.predicted_step_ms
+    found = interval(s, predicted)
+    if found is None:
+        status = "unscored"
+    elif not s.settings:
+        status = "as recorded"
+    elif found.proves_faster_than(baseline):
+        status = "proven"
+    else:
+        status = "unproven" if predicted < baseline else "slower"
+    return {"name": s.name, "passes": list(s.passes), "lossy": s.lossy, "code_change": s.code_change,
+            "predicted_step_ms": predicted, "predicted_speedup": baseline / predicted,
+            "interval_ms": None if found is None else [found.low_ms, found.high_ms],
+            "speedup_interval": None if found is None else [baseline / found.high_ms, baseline / found.low_ms],
+            "families": None if found is None else list(found.families), "status": status, "equivalents": [],
+            "equivalent_strategies": [],
+            "memory_gb": None if e.memory_bytes is None else e.memory_bytes / 1e9,
+            "change": s.code(), "apply": dict(s.settings),
+            "prediction": {k: e.prediction.get(k) for k in ("replayed_step_ms", "unanchored_step_ms", "link_model",
+                                                            "buckets_bytes", "compression") if k in e.prediction}}
+
+
+def lines(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` with equivalents collapsed, in the order a user reads them: proven lines
+    (best predicted first), the recorded configuration, then the rest best predicted first.
+
+    Strategies of the same lossiness whose predictions differ by less than half of either's
+    interval (equal, where unscored) are one line: the cheapest change (fewest settings, then the best
+    predicted) stands for them, the others named in its ``equivalents``."""
+    left = sorted(entries, key=lambda x: x["predicted_step_ms"])
+    out = []
+    while left:
+        head = left[0]
+        group = [head] + [x for x in left[1:] if x["lossy"] == head["lossy"] and _within(x, head) and _within(head, x)]
+        line = min(group, key=lambda x: (len(x["apply"]), x["predicted_step_ms"]))
+        line["equivalents"] = [x["name"] for x in group if x is not line]
+        line["equivalent_strategies"] = [{k: x[k] for k in ("name", "apply", "predicted_step_ms")}
+                                         for x in group if x is not line]
+        out.append(line)
+        left = [x for x in left if not any(x is g for g in group)]
+    rank = {"proven": 0, "as recorded": 1}
+    return sorted(out, key=lambda x: (rank.get(x["status"], 2), x["predicted_step_ms"]))
+
+
+def _within(x: dict[str, Any], y: dict[str, Any]) -> bool:
+    """Whether ``x``'s prediction differs from ``y``'s by no more than half of ``y``'s interval
+    (relative; where ``y`` is unscored or has no interval, whether they are equal)."""
+    width = 0.0 if y["interval_ms"] is None else (y["interval_ms"][1] - y["interval_ms"][0]) / y["predicted_step_ms"]
+    return abs(x["predicted_step_ms"] / y["predicted_step_ms"] - 1) <= width / 2 + EQUAL
+
+
+def write_report(data: dict[str, Any], result: SearchResult, out: Path, analysis: RunAnalysis) -> None:
+    """``report.json``, ``report.md``, ``report.html`` (:mod:`dpro.optimizer.report_html`, drawn
+    from ``result``'s own predictions), ``strategy.json`` (the recommendation) and
+    ``strategies/<name>.json`` (every line)."""
     (out / "strategies").mkdir(parents=True, exist_ok=True)
     for stale in (out / "strategies").glob("*.json"):  # a report replaced (--force) leaves none of its own
         stale.unlink()
     write_json_atomic(out / "report.json", data)
-    for s in data["strategies"]:
+    for s in data["strategies"] + data["code_changes"]:
         write_json_atomic(out / "strategies" / f"{s['name']}.json", _strategy_file(s, data))
     write_json_atomic(out / "strategy.json", _strategy_file(data["strategies"][0], data))
     (out / "report.md").write_text(_markdown(data))
-    write_html(analysis, data, out / "report.html")
+    replayed = {e.strategy.name: e.replayed for e in result.evaluated}
+    recorded = result.recorded.replayed if result.recorded is not None else replayed["as-recorded"]
+    write_html(analysis, data, recorded, replayed, out / "report.html")
 
 
 def _strategy_file(s: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """What ``dpro record --apply`` reads (``settings``) and ``dpro compare`` checks against."""
     return {"name": s["name"], "passes": s["passes"], "lossy": s["lossy"], "settings": s["apply"], "code": s["change"],
-            "baseline_step_ms": data["baseline_step_ms"], "predicted_step_ms": s["predicted_step_ms"]}
+            "baseline_step_ms": data["baseline_step_ms"], "predicted_step_ms": s["predicted_step_ms"],
+            "interval_ms": s["interval_ms"], "status": s["status"]}
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
 
 
 def _gb(value: float | None) -> str:
     return "?" if value is None else f"{value:.3g}"
 
 
+def _rows(entries: list[dict[str, Any]]) -> list[str]:
+    rows = ["| strategy | predicted ms | speed-up (90% interval) | status | memory GB | lossy | also |",
+            "|---|---|---|---|---|---|---|"]
+    return rows + [f"| {s['name']} | {s['predicted_step_ms']:.1f} | {speedups(s)} | {s['status']} | "
+                   f"{_gb(s['memory_gb'])} | {'yes' if s['lossy'] else ''} | {', '.join(s['equivalents'])} |"
+                   for s in entries]
+
+
 def _markdown(data: dict[str, Any]) -> str:
-    lines = ["# dpro optimize", "",
-             f"Baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window).", "",
-             "| strategy | predicted ms | speed-up | memory GB | lossy | passes |", "|---|---|---|---|---|---|"]
-    for s in data["strategies"]:
-        lines.append(f"| {s['name']} | {s['predicted_step_ms']:.1f} | {s['predicted_speedup']:.2f}x | "
-                     f"{_gb(s['memory_gb'])} | {'yes' if s['lossy'] else ''} | {'+'.join(s['passes']) or '-'} |")
+    verdict = data["recommendation"]
     best = data["strategies"][0]
-    lines += ["", f"## Best: {best['name']}", ""]
-    lines += ["```python", *best["change"], "```"] if best["change"] else ["No change predicts a faster step."]
-    lines += ["", f"Apply it without editing the script: `dpro record --apply strategy.json -- torchrun ...`.", ""]
+    out = ["# dpro optimize", ""]
+    if verdict["verdict"] == "change":
+        out += [f"**Recommended: {best['name']}**, {verdict['why']}.", "", "```python", *best["change"], "```", "",
+                "Apply it without editing the script: `dpro record --apply strategy.json -- torchrun ...`; "
+                "or measure it first: `dpro optimize RUN --trial -- torchrun ...`.", ""]
+    else:
+        out += [f"**Keep the job as it is**: {verdict['why']}. "
+                "`dpro optimize RUN --trial -- torchrun ...` measures the best candidates.", ""]
+    out += [f"Baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window). "
+            f"Intervals: 90% of the cost model's held-out errors per family of change (model {data['intervals']['model']}, "
+            f"fidelity scoring seed {data['intervals']['seed']}).", "", *_rows(data["strategies"]), ""]
+    if "trials" in data:
+        t = data["trials"]
+        out += [f"## Measured trials ({t['steps']} steps each, {t['rounds']} interleaved rounds)", "",
+                "| strategy | predicted ms | measured ms (median) | measured speed-up | rounds | note |",
+                "|---|---|---|---|---|---|"]
+        for r in t["results"]:
+            out.append(f"| {r['name']} | {_ms(r['predicted_step_ms'])} | {_ms(r['median_ms'])} | "
+                       f"{'' if r['measured_speedup'] is None else format(r['measured_speedup'], '.2f') + 'x'} | "
+                       f"{' '.join(f'{m:.1f}' for m in r['measured_ms'])} | "
+                       f"{'; '.join(([r['failed']] if r['failed'] else []) + r['left_out'])} |")
+        out.append("")
+    if data["code_changes"]:
+        out += ["## Code changes (never recommended: `--apply` cannot set them, or no held-out case scored them)", "",
+                *_rows(data["code_changes"]), ""]
     if data["notes"]:
-        lines += ["## Notes", "", *(f"- {n}" for n in data["notes"]), ""]
+        out += ["## Notes", "", *(f"- {n}" for n in data["notes"]), ""]
     search = data["search"]
-    lines.append(f"Search: {search['evaluated']} of {search['space']} strategies in {search['elapsed_s']:.1f} s"
-                 + ("." if search["exhaustive"] else " (the budget ran out)."))
-    return "\n".join(lines) + "\n"
+    out.append(f"Search: {search['evaluated']} of {search['space']} strategies in {search['elapsed_s']:.1f} s"
+               + ("." if search["exhaustive"] else " (the budget ran out)."))
+    return "\n".join(out) + "\n"

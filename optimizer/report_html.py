@@ -11,6 +11,7 @@ the measured one (plotly, self-contained: it opens without a network).
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,11 @@ import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.step_ops import measured_ops, predicted_ops
-from dpro.analysis.whatif import Change, Prediction
+from dpro.analysis.whatif import Prediction
 from dpro.replayer.breakdown import CATEGORIES, mean_breakdown
 
-from dpro.optimizer.strategy import Strategy
 
-__all__ = ["SHOWN", "breakdown_figure", "step_timeline_figure", "write_html"]
+__all__ = ["SHOWN", "breakdown_figure", "speedups", "step_timeline_figure", "write_html"]
 
 SHOWN = 4  # strategies beside the recorded configuration
 COLORS = {"compute": "#4c78a8", "communication": "#e45756", "waiting": "#f58518", "launch_bound": "#b279a2",
@@ -31,12 +31,14 @@ COLORS = {"compute": "#4c78a8", "communication": "#e45756", "waiting": "#f58518"
 KIND_COLORS = {"cpu": "#4c78a8", "gpu": "#54a24b", "collective": "#e45756", "transfer": "#f58518"}
 
 
-def write_html(analysis: RunAnalysis, data: dict[str, Any], path: Path, shown: int = SHOWN) -> None:
+def write_html(analysis: RunAnalysis, data: dict[str, Any], recorded: Prediction, replayed: dict[str, Prediction],
+               path: Path, shown: int = SHOWN) -> None:
     """Write the report of :func:`dpro.optimizer.report.report`'s ``data`` for ``analysis`` to
-    ``path``: the recorded configuration and the ``shown`` best strategies that change it."""
-    chosen = [("recorded", Change())] + [(s["name"], Strategy(s["apply"]).change())
-                                         for s in data["strategies"] if s["apply"]][:shown]
-    predictions = [(name, Prediction.of(analysis, change)) for name, change in chosen]
+    ``path``: the recorded configuration and the ``shown`` first lines that change it, each
+    drawn from the search's own prediction (``recorded``, ``replayed`` by name): nothing is
+    predicted again."""
+    chosen = [s["name"] for s in data["strategies"] + data["code_changes"] if s["apply"]][:shown]
+    predictions = [("recorded", recorded)] + [(name, replayed[name]) for name in chosen]
     split = breakdown_figure({name if name == "recorded" else f"{name} (predicted)": mean_breakdown(p.graph, p.replay)
                               for name, p in predictions},
                              "Where the step goes (critical path, ms, mean over ranks)")
@@ -45,19 +47,35 @@ def write_html(analysis: RunAnalysis, data: dict[str, Any], path: Path, shown: i
     rows += [(f"predicted: {name}", predicted_ops(p.graph, p.replay, rank)) for name, p in predictions]
     timeline = step_timeline_figure(rows, f"Rank {rank}'s step, measured and predicted (ms)")
 
-    table = "".join(f"<tr><td>{s['name']}</td><td>{s['predicted_step_ms']:.1f}</td>"
-                    f"<td>{s['predicted_speedup']:.2f}x</td><td>{'yes' if s['lossy'] else ''}</td></tr>"
-                    for s in data["strategies"])
+    verdict = data["recommendation"]
+    answer = (f"<p><b>Recommended: {escape(verdict['name'])}</b>, {escape(verdict['why'])}.</p>"
+              if verdict["verdict"] == "change" else f"<p><b>Keep the job as it is</b>: {escape(verdict['why'])}.</p>")
     path.write_text(
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>dpro optimize</title></head><body>"
-        f"<h1>dpro optimize: {analysis.root.name}</h1>"
-        f"<p>Baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window).</p>"
-        "<table border='1' cellpadding='4'><tr><th>strategy</th><th>predicted ms</th><th>speed-up</th>"
-        f"<th>lossy</th></tr>{table}</table>"
+        f"<h1>dpro optimize: {escape(analysis.root.name)}</h1>{answer}"
+        f"<p>Baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window). "
+        "Intervals: 90% of the cost model's held-out errors per family of change.</p>"
+        + _table(data["strategies"])
+        + ("<h2>Code changes (never recommended)</h2>" + _table(data["code_changes"]) if data["code_changes"] else "")
         + split.to_html(full_html=False, include_plotlyjs=True)
         + timeline.to_html(full_html=False, include_plotlyjs=False)
         + "<p>Timelines: replays, not anchored to the measured step time as the table's predictions are.</p>"
         "</body></html>")
+
+
+def speedups(s: dict[str, Any]) -> str:
+    """``1.23x (1.10-1.31x)``: the predicted speed-up and its 90% interval."""
+    shown = f"{s['predicted_speedup']:.2f}x"
+    return shown + ("" if s["speedup_interval"] is None else
+                    f" ({s['speedup_interval'][0]:.2f}-{s['speedup_interval'][1]:.2f}x)")
+
+
+def _table(entries: list[dict[str, Any]]) -> str:
+    rows = "".join(f"<tr><td>{escape(s['name'])}</td><td>{s['predicted_step_ms']:.1f}</td><td>{escape(speedups(s))}</td>"
+                   f"<td>{s['status']}</td><td>{'yes' if s['lossy'] else ''}</td>"
+                   f"<td>{escape(', '.join(s['equivalents']))}</td></tr>" for s in entries)
+    return ("<table border='1' cellpadding='4'><tr><th>strategy</th><th>predicted ms</th>"
+            f"<th>speed-up (90% interval)</th><th>status</th><th>lossy</th><th>also</th></tr>{rows}</table>")
 
 
 def breakdown_figure(shares: dict[str, dict[str, float]], title: str) -> Any:

@@ -44,7 +44,7 @@ from typing import Any
 from dpro.analysis.compare import critical_path_breakdown
 from dpro.analysis.memory import rank_memory
 from dpro.analysis.run import RunAnalysis
-from dpro.analysis.whatif import Change, predict
+from dpro.analysis.whatif import Change, CostModel, Prediction
 from dpro.errors import DproError
 
 from dpro.optimizer.memory import strategy_memory_bytes
@@ -58,6 +58,8 @@ MIN_EXPOSED_COMM = 0.02
 MIN_CRITICAL_COMPUTE = 0.02
 COMMUNICATION_PASSES = frozenset({"tensor_fusion", "first_bucket", "compression"})
 COMPUTE_PASSES = frozenset({"operator_fusion"})
+UNSCORED_PASSES = {"operator_fusion": "its prediction is not scored on measured compiled runs (no held-out case of "
+                                      "the fidelity benchmark compiles): `dpro whatif --fuse-ops` predicts it"}
 START_TEMPERATURE = 0.05
 COOLING = 0.9
 
@@ -73,13 +75,22 @@ class Tricks:
 
 @dataclass(frozen=True)
 class Evaluated:
-    """A strategy, the cost model's prediction for it and its memory estimate (bytes, the
-    largest rank's; None where the run did not measure memory)."""
+    """A strategy, the cost model's prediction for it (``replayed``: the changed graph and its
+    replay, which the reports draw) and its memory estimate (bytes, the largest rank's; None
+    where the run did not measure memory)."""
 
     strategy: Strategy
-    predicted_step_ms: float
-    prediction: dict[str, Any]
+    replayed: Prediction
     memory_bytes: int | None = None
+
+    @property
+    def prediction(self) -> dict[str, Any]:
+        """The prediction's summary (:func:`dpro.analysis.whatif.predict`)."""
+        return self.replayed.summary
+
+    @property
+    def predicted_step_ms(self) -> float:
+        return float(self.replayed.summary["predicted_step_ms"])
 
 
 @dataclass
@@ -99,6 +110,7 @@ class SearchResult:
     over_memory_budget: int = 0  # strategies left out by the memory budget
     tricks: Tricks = Tricks()
     would_fail: int = 0  # strategies left out because they would fail the job (see the notes)
+    recorded: Evaluated | None = None  # the recorded configuration's prediction (also over a memory budget)
 
 
 def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = False, seed: int = 0,
@@ -123,6 +135,9 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     compute_ms = path["compute"] + path["launch_bound"]
     notes, axes = [], []
     for name, propose in PASSES.items():
+        if name in UNSCORED_PASSES:
+            notes.append(f"{name}: left out, {UNSCORED_PASSES[name]}")
+            continue
         if tricks.guidance and name in COMMUNICATION_PASSES and exposed_ms < MIN_EXPOSED_COMM * step_ms:
             notes.append(f"{name}: left out, communication is exposed for {exposed_ms:.1f} ms of the "
                          f"{step_ms:.1f} ms step on the critical path (compute-bound)")
@@ -141,13 +156,17 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     cache: dict[tuple[int, ...], Evaluated | None] = {}
     over_budget: set[tuple[int, ...]] = set()
     failing: dict[str, int] = {}  # why a strategy would fail the job: strategies left out for it
-    predictions: dict[Change, dict[str, Any] | None] = {}  # one per change the cost model sees
+    predictions: dict[Change, Prediction | None] = {}  # one per change the cost model sees
     clock = _Budget(started, budget_s)
+    try:
+        cost = CostModel(analysis, incremental=tricks.incremental, fold=tricks.fold)
+    except DproError as e:
+        raise DproError(f"the cost model cannot replay the recorded configuration: {e}") from None
 
-    def predicted(strategy: Strategy) -> dict[str, Any] | None:
+    def predicted(strategy: Strategy) -> Prediction | None:
         change = strategy.change()
         if change not in predictions:
-            predictions[change] = _predict(analysis, strategy, notes, tricks)
+            predictions[change] = _predict(cost, strategy, notes)
         return predictions[change]
 
     def evaluate(state: tuple[int, ...], always: bool = False) -> Evaluated | None:
@@ -159,12 +178,11 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                 cache[state] = None
             else:
                 prediction = clock.timed(lambda: predicted(strategy))
-                why = None if prediction is None else fails_the_job(
-                    analysis, strategy.settings, len(prediction.get("buckets_bytes") or (layout or {}).get("buckets", ())))
+                why = None if prediction is None else fails_the_job(analysis, strategy.settings, len(
+                    prediction.summary.get("buckets_bytes") or (layout or {}).get("buckets", ())))
                 if why:
                     failing[why] = failing.get(why, 0) + 1
-                cache[state] = None if prediction is None or why else \
-                    Evaluated(strategy, prediction["predicted_step_ms"], prediction, needs)
+                cache[state] = None if prediction is None or why else Evaluated(strategy, prediction, needs)
         return cache.get(state)
 
     recorded = evaluate((0,) * len(axes), always=True)  # the baseline every strategy is compared with
@@ -206,7 +224,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     found.sort(key=lambda e: (round(e.predicted_step_ms, 2), len(e.strategy.settings)))
     return SearchResult(recorded.prediction["baseline_step_ms"], found, notes, space, len(cache),
                         time.monotonic() - started, len(cache) == space, exposed_ms, budget_bytes, len(over_budget), tricks,
-                        sum(failing.values()))
+                        sum(failing.values()), recorded)
 
 
 def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ...]) -> Strategy:
@@ -219,9 +237,9 @@ def _strategy(axes: list[tuple[str, list[dict[str, Any]]]], state: tuple[int, ..
     return Strategy(settings, tuple(passes))
 
 
-def _predict(analysis: RunAnalysis, strategy: Strategy, notes: list[str], tricks: Tricks) -> dict[str, Any] | None:
+def _predict(cost: CostModel, strategy: Strategy, notes: list[str]) -> Prediction | None:
     try:
-        return predict(analysis, strategy.change(), incremental=tricks.incremental, fold=tricks.fold)
+        return cost.predict(strategy.change())
     except DproError as e:
         notes.append(f"{strategy.name}: not predicted: {e}")
         return None

@@ -13,6 +13,10 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   (``DistributedDataParallel(gradient_as_bucket_view=True)``): one copy of them instead of two,
   and no copy into the buckets. Exact; a script that detaches gradients in place
   (``p.grad.detach_()``, ``requires_grad_()`` on them) fails under it (torch's own caveat).
+- ``static_graph``: ``True`` tells DDP the set of gradients and their order do not change
+  from step to step (``DistributedDataParallel(static_graph=True)``): it skips searching for
+  unused parameters and may re-bucket once. Exact; a job whose graph changes between steps
+  fails under it. The cost model keeps the step time as recorded.
 - ``activation_checkpointing``: the name of a list of the model's blocks (``"blocks"`` for
   ``model.blocks[0]``, ``model.blocks[1]``, ...) each run under
   ``torch.utils.checkpoint.checkpoint``: the backward pass recomputes their activations instead
@@ -37,13 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from dpro.analysis.whatif import Change
+from dpro.collectors.apply import CODE_CHANGES
 from dpro.errors import DproError
 
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
-            "activation_checkpointing", "gradient_accumulation", "torch_compile")
+            "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -75,6 +80,8 @@ class Strategy:
             parts.append(f"powersgd-{self.settings['powersgd_rank']}" if hook == "powersgd" else hook)
         if self.settings.get("gradient_as_bucket_view"):
             parts.append("grad-as-bucket-view")
+        if self.settings.get("static_graph"):
+            parts.append("static-graph")
         if self.settings.get("activation_checkpointing"):
             parts.append(f"checkpoint-{self.settings['activation_checkpointing']}")
         if self.settings.get("gradient_accumulation"):
@@ -82,6 +89,11 @@ class Strategy:
         if self.settings.get("torch_compile"):
             parts.append("torch-compile")
         return "+".join(parts) or "as-recorded"
+
+    @property
+    def code_change(self) -> bool:
+        """Whether the script must be changed by hand: ``dpro record --apply`` cannot set it all."""
+        return any(self.settings.get(name) for name in CODE_CHANGES)
 
     @property
     def lossy(self) -> bool:
@@ -110,6 +122,8 @@ class Strategy:
                              f"{DEFAULT_BUCKET_CAP_MB if cap is None else cap:g}]")
         if self.settings.get("gradient_as_bucket_view"):
             arguments.append("gradient_as_bucket_view=True")
+        if self.settings.get("static_graph"):
+            arguments.append("static_graph=True")
         if arguments:
             lines.append(f"model = DistributedDataParallel(module, ..., {', '.join(arguments)})")
         if "first_bucket_mb" in self.settings and "bucket_cap_mb" not in self.settings:
@@ -165,7 +179,7 @@ def validate(settings: dict[str, Any]) -> None:
     k = settings.get("gradient_accumulation")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 2):
         raise StrategyError(f"gradient_accumulation must be a number of micro-batches of 2 or more, not {k!r}")
-    for name in ("gradient_as_bucket_view", "torch_compile"):
+    for name in ("gradient_as_bucket_view", "static_graph", "torch_compile"):
         if settings.get(name) is not None and settings[name] is not True:
             raise StrategyError(f"{name} can only be true (the default is false), not {settings[name]!r}")
 

@@ -19,6 +19,7 @@ ratio, and one ratio over all sends, both made the held-out predictions of
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 
@@ -95,6 +96,19 @@ class WhatIf:
             bound = mine[self._bytes[mine] / link.beta_bytes_per_ns >= link.alpha_ns]  # bandwidth-bound
             if len(bound):
                 self._residual[mine] = self.durations[bound].sum() / max(float(self._send_model_ns(bound).sum()), 1e-9)
+
+    def fork(self) -> "WhatIf":
+        """A copy to change on its own: its changes leave this one as it is. It shares what
+        does not change (the recorded graph, the link model, the recorded configuration's
+        overlap, and the replayer while the structure is the same: its next replay re-replays
+        only what differs from the last one of any fork), so that many changes of one graph
+        are each replayed from a replay already made."""
+        other = copy.copy(self)
+        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded",
+                     "_origin"):
+            setattr(other, name, getattr(self, name).copy())
+        other._model_of = dict(self._model_of)
+        return other
 
     def select(self, *, name: str | None = None, kind: str | None = None, rank: int | None = None,
                resource: str | None = None) -> np.ndarray:

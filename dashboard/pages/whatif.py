@@ -11,7 +11,7 @@ from dpro.analysis.compare import compare
 from dpro.analysis.step_ops import measured_ops, predicted_ops
 from dpro.analysis.whatif import Change
 from dpro.errors import DproError
-from dpro.optimizer.report_html import breakdown_figure, step_timeline_figure
+from dpro.optimizer.report_html import breakdown_figure, speedups, step_timeline_figure
 
 from dpro.dashboard.pages.common import figure, missing, table
 from dpro.dashboard.runs import NO_REPORT, RunView
@@ -117,7 +117,14 @@ def _report(view: RunView) -> Any:
     report = view.report
     if report is None:
         return missing(NO_REPORT)
-    rows = [[s["name"], s["predicted_step_ms"], f"{s['predicted_speedup']:.2f}×", "yes" if s["lossy"] else "",
-             html.Pre(s["change"], style={"margin": 0, "whiteSpace": "pre-wrap"})] for s in report["strategies"]]
-    return html.Div([html.P(f"Baseline {report['baseline_step_ms']:.2f} ms per step; best first."),
-                     table(["strategy", "predicted ms", "speed-up", "lossy", "change to make"], rows, id="report-table")])
+    verdict = report.get("recommendation")
+    answer = ("" if verdict is None else f"Recommended: {verdict['name']}, {verdict['why']}. "
+              if verdict["verdict"] == "change" else f"Keep the job as it is: {verdict['why']}. ")
+    rows = [[s["name"], s["predicted_step_ms"], speedups(s) if "speedup_interval" in s else f"{s['predicted_speedup']:.2f}×",
+             s.get("status", ""), "yes" if s["lossy"] else "",
+             html.Pre(s["change"], style={"margin": 0, "whiteSpace": "pre-wrap"})]
+            for s in report["strategies"] + report.get("code_changes", [])]
+    return html.Div([html.P(f"{answer}Baseline {report['baseline_step_ms']:.2f} ms per step; the recommendation first, "
+                            "code changes last.", id="report-answer"),
+                     table(["strategy", "predicted ms", "speed-up (90% interval)", "status", "lossy", "change to make"],
+                           rows, id="report-table")])

@@ -5,8 +5,8 @@ and fuses the rest (pointwise ops, reductions, norms, views) into loops that rea
 once. It runs the captured graph without the Python interpreter between ops, and the backward
 pass as a few compiled functions. The model here:
 
-- a pass's ops are taken in time order: a **heavy** op (:data:`HEAVY_OPS`, with the ops nested
-  in it) keeps its time; every other op contributes its own time (outside the ops nested in
+- a pass's ops are taken in time order: a **heavy** op (:data:`HEAVY_OPS`, or a custom op of
+  a namespace not torch's own, with the ops nested in it) keeps its time; every other op contributes its own time (outside the ops nested in
   it) beyond an op's fixed cost (what an op that does no work takes on the rank, the median of
   its view ops) as its **work**;
 - the ops between two heavy ones (within one step and thread) are a **chain**, fused into one
@@ -44,6 +44,8 @@ HEAVY_OPS = re.compile(r"^aten::(_?mm|addmm|bmm|baddbmm|addbmm|\w*conv\w*|mkldnn
                        r"_scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*|"
                        r"embedding_dense_backward|_embedding_bag\w*|lstm\w*|gru\w*|_thnn_fused\w*)$")
 """CPU ops TorchInductor leaves to a library (matrix products, convolutions, attention, ...)."""
+TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "autograd", "torch", "profiler"})
+"""Namespaces of torch's own ops; an op of any other (a custom op) is opaque to the compiler."""
 COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFunctionBackward")
 """Events a compiled module leaves in a trace (dynamo's region, AOTAutograd's functions)."""
 HEAVY_KERNELS = re.compile(r"gemm|gemv|conv|cutlass|cublas|cudnn|flash|fmha|attention|xmma|wgrad|dgrad|"
@@ -61,8 +63,11 @@ def compiled_events(analysis: RunAnalysis, rank: int) -> str | None:
 
 
 def heavy_op(name: str) -> bool:
-    """Whether a CPU op (with the ops nested in it) stays a library call under ``torch.compile``."""
-    return bool(HEAVY_OPS.match(name))
+    """Whether a CPU op (with the ops nested in it) stays as it is under ``torch.compile``: a
+    library call (:data:`HEAVY_OPS`), or an op of a namespace not torch's own (a custom op,
+    ``mylib::attention``, or a collective, ``c10d::allreduce_``: opaque to the compiler)."""
+    namespace = name.split("::", 1)[0] if "::" in name else None
+    return bool(HEAVY_OPS.match(name)) or (namespace is not None and namespace not in TORCH_NAMESPACES)
 
 
 def heavy_kernel(name: str) -> bool:

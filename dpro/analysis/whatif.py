@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -87,7 +88,7 @@ from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["COMPRESSIONS", "Change", "Prediction", "predict"]
+__all__ = ["COMPRESSIONS", "Change", "CostModel", "Prediction", "predict"]
 
 COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
@@ -118,8 +119,44 @@ def predict(analysis: RunAnalysis, change: Change, interference: bool = True, in
     ``interference=False`` leaves durations independent of overlap; ``incremental=False``
     replays the whole graph every time; ``fold=True`` replays it folded onto its median rank
     where the ranks run the same ops (approximate; ``ranks_folded`` says whether it was),
-    :class:`~dpro.replayer.whatif.WhatIf`."""
-    return Prediction.of(analysis, change, interference, incremental, fold).summary
+    :class:`~dpro.replayer.whatif.WhatIf`. To predict many changes of one run, build its
+    :class:`CostModel` once."""
+    return CostModel(analysis, interference, incremental, fold).predict(change).summary
+
+
+class CostModel:
+    """A recorded run's cost model, built once: the link model (the calibration's measurements,
+    where they exist, replace the fits on the graph's own sends), the interference model and the
+    replay of the unchanged graph. Every :meth:`predict` reuses them, starting from a fork of
+    the unchanged what-if (:meth:`~dpro.replayer.whatif.WhatIf.fork`); one at a time (the forks
+    share the replayer), so that threads may share a cost model."""
+
+    def __init__(self, analysis: RunAnalysis, interference: bool = True, incremental: bool = True,
+                 fold: bool = False) -> None:
+        self.analysis, self.fold = analysis, fold
+        self._lock = threading.Lock()
+        graph = analysis.graph
+        model = fit_link_model(graph)
+        wires = wire_rates(analysis.calibrations, analysis.hosts)
+        cls_ = link_class(graph, sorted(graph.step_ns))
+        calibrated = calibrated_link_model(analysis.calibrations, cls_, wires.get(cls_))
+        model.update(calibrated)
+        slowdown = _interference(analysis) if interference else None
+        self._unchanged = WhatIf(graph, model, slowdown, incremental, fold)
+        self.replayed_ns = self._unchanged.replay().step_ns
+        self.details: dict[str, Any] = {
+            "link_model": "calibration" if calibrated else "the recorded collectives",
+            "link_mbit_s": {c: round(rate * 8e3, 1) for c, rate in sorted(wires.items())},
+            "interference": None if slowdown is None else asdict(slowdown)}
+
+    def what_if(self) -> WhatIf:
+        """A fork of the unchanged what-if, to make a change on."""
+        return self._unchanged.fork()
+
+    def predict(self, change: Change) -> "Prediction":
+        """The recorded run replayed with ``change`` made (see :func:`predict`)."""
+        with self._lock:
+            return Prediction.of(self, change)
 
 
 @dataclass
@@ -132,21 +169,11 @@ class Prediction:
     replay: Replay
 
     @classmethod
-    def of(cls, analysis: RunAnalysis, change: Change, interference: bool = True,
-           incremental: bool = True, fold: bool = False) -> "Prediction":
-        """Replay the recorded run with ``change`` made (see :func:`predict`)."""
-        graph = analysis.graph
-        model = fit_link_model(graph)  # the calibration's measurements, where they exist, replace its fits
-        wires = wire_rates(analysis.calibrations, analysis.hosts)
-        cls_ = link_class(graph, sorted(graph.step_ns))
-        calibrated = calibrated_link_model(analysis.calibrations, cls_, wires.get(cls_))
-        model.update(calibrated)
-        slowdown = _interference(analysis) if interference else None
-        w = WhatIf(graph, model, slowdown, incremental, fold)
-        replayed = w.replay().step_ns
-        details: dict[str, Any] = {"link_model": "calibration" if calibrated else "the recorded collectives",
-                                   "link_mbit_s": {c: round(rate * 8e3, 1) for c, rate in sorted(wires.items())},
-                                   "interference": None if slowdown is None else asdict(slowdown)}
+    def of(cls, model: CostModel, change: Change) -> "Prediction":
+        """Replay ``model``'s run with ``change`` made (see :func:`predict`)."""
+        analysis, graph, replayed = model.analysis, model.analysis.graph, model.replayed_ns
+        w = model.what_if()
+        details = dict(model.details)
         rebucket = change.bucket_cap_mb is not None or change.first_bucket_mb is not None
         if rebucket or change.compress is not None:
             layout = _layout(analysis)
@@ -182,7 +209,7 @@ class Prediction:
         job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms",
                                                         "predicted_step_ms", "unanchored_step_ms")}
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
-                   **({"ranks_folded": w.folded} if fold else {}), "per_rank": per_rank}
+                   **({"ranks_folded": w.folded} if model.fold else {}), "per_rank": per_rank}
         return cls(summary, replace(w.graph, edges=w.edges), result)
 
 

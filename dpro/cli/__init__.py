@@ -70,6 +70,7 @@ class LazyGroup(click.Group):
     "replay": "dpro.cli.replay:replay",
     "whatif": "dpro.cli.whatif:whatif",
     "optimize": "dpro.cli.optimize:optimize",
+    "tune": "dpro.cli.optimize:tune",
     "compare": "dpro.cli.compare:compare",
     "critical-path": "dpro.cli.replay:critical_path",
     "diagnose": "dpro.cli.diagnose:diagnose",

@@ -1,4 +1,4 @@
-"""Memory: DDP's gradients as views into its buckets.
+"""DDP's flags: gradients as views into its buckets (memory), and its static graph.
 
 DDP keeps each gradient twice, in the parameter's ``.grad`` and in its bucket, and copies one
 into the other every step; views keep one copy (the gradients' bytes saved on every rank) and
@@ -22,3 +22,14 @@ def memory(analysis: RunAnalysis) -> Proposals:
     if layout.get("gradient_as_bucket_view"):
         return Proposals(why="the job keeps its gradients as views into DDP's buckets already")
     return Proposals([{"gradient_as_bucket_view": True}])
+
+
+def static_graph(analysis: RunAnalysis) -> Proposals:
+    """``static_graph`` where the job did not set it (the cost model keeps its step as recorded:
+    only a measured trial shows what it gains)."""
+    layout = analysis.ddp_layout
+    if not layout:
+        return Proposals(why="the job used no DistributedDataParallel")
+    if layout.get("static_graph"):
+        return Proposals(why="the job runs DDP with a static graph already")
+    return Proposals([{"static_graph": True}])
