@@ -69,11 +69,11 @@ def report(result: SearchResult) -> dict[str, Any]:
 
 def candidates(data: dict[str, Any], count: int) -> list[tuple[str, dict[str, Any], float]]:
     """The ``count`` strategies to measure, ``(name, settings, predicted ms)``: the lines that
-    change the job in the report's order, then the strategies each stands for (which the cost
-    model could not tell apart), in the same order."""
+    change the job in the report's order, then the strategies they stand for (which the cost
+    model could not tell apart), the best predicted first."""
     found = [(s["name"], s["apply"], s["predicted_step_ms"]) for s in data["strategies"] if s["apply"]]
-    found += [(e["name"], e["apply"], e["predicted_step_ms"]) for s in data["strategies"]
-              for e in s["equivalent_strategies"]]
+    found += sorted(((e["name"], e["apply"], e["predicted_step_ms"]) for s in data["strategies"]
+                     for e in s["equivalent_strategies"]), key=lambda e: e[2])
     return found[:count]
 
 

@@ -130,3 +130,15 @@ def test_trial_arguments_are_checked(recorded_run: Path, args: list[str], fragme
     from .conftest import assert_one_line_error
 
     assert_one_line_error(dpro("optimize", recorded_run, *args), fragment)
+
+
+def test_tune_records_the_job_searches_it_and_measures_the_candidates(tmp_path: Path) -> None:
+    out = tmp_path / "tuned"
+    done = dpro("tune", "-o", out, "--skip", "4", "--steps", "2", "--trials", "1", "--trial-steps", "3",
+                "--trial-rounds", "1", "--", *TRIAL_JOB, "--steps", "14")
+    assert done.returncode == 0, done.stderr
+    assert (out / "run" / "run.json").exists(), "the baseline recorded into DIR/run"
+    assert "trials (3 steps each, 1 interleaved rounds):" in done.stdout
+    assert done.stdout.splitlines()[1].startswith("recommended: ")
+    again = dpro("tune", "-o", out, "--", *TRIAL_JOB)
+    assert again.returncode != 0 and "already holds a report" in again.stderr

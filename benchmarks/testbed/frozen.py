@@ -20,12 +20,16 @@ __all__ = ["FROZEN_FILE", "Frozen", "check", "freeze", "model_version"]
 FROZEN_FILE = Path(__file__).with_name("frozen.json")
 ROOT = Path(__file__).resolve().parents[2]
 # Everything a scored prediction runs through: the recording (collectors, dpro record, the
-# namespace hosts), the graph, the replayer, the what-if, and the benchmark's own harness (the
-# jobs it draws, how it measures and scores them). A change to any of them is a new model.
+# namespace hosts), the graph, the replayer, the what-if, the optimizer (its intervals
+# included), and the benchmarks' own harnesses (the jobs they draw, how they measure and score
+# them). A change to any of them is a new model.
 MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpro/analysis/fanout.py",
                  "dpro/analysis/cpu_ops.py", "dpro/analysis/fusion.py", "dpro/analysis/whatif.py",
                  "dpro/run_format.py", "dpro/stats.py", "dpro/cli/record.py", "dpro/testing/netns.py",
-                 "benchmarks/fidelity.py", "benchmarks/testbed")
+                 "benchmarks/fidelity.py", "benchmarks/testbed",
+                 # and what dpro optimize adds on top: the search, its intervals, its trials, its harness
+                 "optimizer", "optimizer/intervals.json", "dpro/cli/optimize.py", "benchmarks/optimize.py",
+                 "examples/train_lm.py")
 
 
 def model_version(root: Path = ROOT) -> str:

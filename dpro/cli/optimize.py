@@ -110,7 +110,7 @@ def tune(run_dir: Path | None, skip: int, steps: int, command: tuple[str, ...], 
                            "--steps", str(steps), "--", *command])
     if done.returncode:
         raise click.ClickException(f"the baseline recording failed (exit {done.returncode}): nothing was searched")
-    _optimize(RunAnalysis(run_dir), list(command), Tricks(), **options)
+    _optimize(RunAnalysis.open(run_dir), list(command), Tricks(), **options)
 
 
 def _check_output(output: Path | None, force: bool) -> None:
