@@ -155,6 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="compile the DDP module with torch.compile (TorchInductor fuses its ops)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--first-bucket-mb", type=float, help="DDP's first bucket cap (bucket_cap_mb_list, torch 2.13)")
+    p.add_argument("--static-graph", action="store_true", help="DDP's static_graph")
+    p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     p.add_argument("--comm-hook", metavar="fp16|bf16|powersgd:RANK",
                    help="compress gradients with DDP's fp16, bf16 or PowerSGD communication hook")
     p.add_argument("--seed", type=int, default=0)
@@ -226,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(args).to(device)
     caps = {"bucket_cap_mb": args.bucket_cap_mb} if args.first_bucket_mb is None else {
         "bucket_cap_mb_list": [args.first_bucket_mb, args.bucket_cap_mb]}
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None, **caps)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None, static_graph=args.static_graph,
+                                  gradient_as_bucket_view=args.grad_as_bucket_view, **caps)
     if args.comm_hook:
         register_comm_hook(ddp, args.comm_hook)
     forward = torch.compile(ddp) if args.compile else ddp  # after DDP wraps the model: DDP's optimizer splits the graph

@@ -114,6 +114,8 @@ def main() -> None:
     p.add_argument("--first-bucket-mb", type=float)
     p.add_argument("--comm-hook", metavar="fp16|powersgd:RANK")
     p.add_argument("--accumulate", type=int, default=1, metavar="K")
+    p.add_argument("--static-graph", action="store_true", help="DDP's static_graph")
+    p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     p.add_argument("--step-times", metavar="PATH", help="rank 0 writes each step's time (ns) here, a line each")
     args = p.parse_args()
     spec = json.loads(args.spec if args.spec.lstrip().startswith("{") else open(args.spec).read())
@@ -126,7 +128,8 @@ def main() -> None:
     options = {"bucket_cap_mb": args.bucket_cap_mb}
     if args.first_bucket_mb is not None:
         options = {"bucket_cap_mb_list": [args.first_bucket_mb, args.bucket_cap_mb]}
-    ddp = DistributedDataParallel(model, **options)
+    ddp = DistributedDataParallel(model, static_graph=args.static_graph,
+                                  gradient_as_bucket_view=args.grad_as_bucket_view, **options)
     if args.comm_hook:
         register_comm_hook(ddp, args.comm_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-3)

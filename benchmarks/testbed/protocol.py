@@ -27,7 +27,7 @@ from pathlib import Path
 
 from benchmarks.testbed.spec import JobSpec
 
-__all__ = ["Config", "LocalJob", "Testbed", "interleaved", "spread_pct", "JOB", "SKIP_STEPS"]
+__all__ = ["Config", "LocalJob", "Testbed", "ddp_flags", "interleaved", "spread_pct", "JOB", "SKIP_STEPS"]
 
 JOB = Path(__file__).with_name("job.py")
 EXAMPLE_CNN = (str(Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"), "--arch", "cnn", "--steps", "20")
@@ -50,6 +50,8 @@ class Config:
     first_bucket_mb: float | None = None
     comm_hook: str | None = None
     accumulate: int = 1
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
 
     def argv(self, steps: int) -> list[str]:
         out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
@@ -59,10 +61,16 @@ class Config:
             out += ["--comm-hook", self.comm_hook]
         if self.accumulate > 1:
             out += ["--accumulate", str(self.accumulate)]
-        return out
+        return out + ddp_flags(self)
 
     def but(self, name: str, **changes) -> Config:
         return replace(self, name=name, **changes)
+
+
+def ddp_flags(config) -> list[str]:
+    """DDP's flags as the testbed's job and the example take them."""
+    return ((["--static-graph"] if config.static_graph else [])
+            + (["--grad-as-bucket-view"] if config.gradient_as_bucket_view else []))
 
 
 @dataclass(frozen=True)
