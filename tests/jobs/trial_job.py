@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=200)
-p.add_argument("--hold", type=float, default=0.06)
+p.add_argument("--hold", type=float, default=0.04)
 args = p.parse_args()
 applied = json.loads(os.environ.get("DPRO_APPLY") or "{}")
 hold = args.hold - (0.02 if applied.get("bucket_cap_mb") == 1 else 0.0)
