@@ -228,8 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(args).to(device)
     caps = {"bucket_cap_mb": args.bucket_cap_mb} if args.first_bucket_mb is None else {
         "bucket_cap_mb_list": [args.first_bucket_mb, args.bucket_cap_mb]}
-    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None, static_graph=args.static_graph,
-                                  gradient_as_bucket_view=args.grad_as_bucket_view, **caps)
+    flags = {name: True for name, on in (("static_graph", args.static_graph),
+                                         ("gradient_as_bucket_view", args.grad_as_bucket_view)) if on}
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None, **caps, **flags)
     if args.comm_hook:
         register_comm_hook(ddp, args.comm_hook)
     forward = torch.compile(ddp) if args.compile else ddp  # after DDP wraps the model: DDP's optimizer splits the graph
