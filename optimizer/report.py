@@ -100,12 +100,14 @@ def with_trials(data: dict[str, Any], trials: list[Trial], steps: int, rounds: i
                    "why": f"measured {baseline / winner.median_ms:.2f}x faster than the job as it is "
                           f"({winner.median_ms:.1f} against {baseline:.1f} ms, medians of {len(winner.measured_ms)} "
                           f"interleaved trials; predicted {data['baseline_step_ms'] / winner.predicted_step_ms:.2f}x)"}
-    chosen = found[verdict["name"]]
-    for x in data["strategies"]:
-        if x["status"] == "recommended":
-            x["status"] = "proven"
-    chosen["status"] = "recommended" if verdict["verdict"] == "change" else "as recorded"
-    strategies = [chosen] + [x for x in data["strategies"] if x["name"] != chosen["name"]]
+    chosen = found.get(verdict["name"])  # none: the job as it is, over a memory budget (no line of its own)
+    strategies = data["strategies"]
+    if chosen is not None:
+        for x in strategies:
+            if x["status"] == "recommended":
+                x["status"] = "proven"
+        chosen["status"] = "recommended" if verdict["verdict"] == "change" else "as recorded"
+        strategies = [chosen] + [x for x in strategies if x["name"] != chosen["name"]]
     return {**data, "recommendation": verdict, "strategies": strategies,
             "trials": {"steps": steps, "rounds": rounds, "results": [t.as_dict(baseline) for t in trials]}}
 
