@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from dpro.cli.options import RUN, analysis_options, ms, open_analysis, table
+from dpro.cli.options import RUN, analysis_options, default_run_name, ms, open_analysis, table
 
 SHOWN = 10  # strategies in the table
 
@@ -95,14 +95,12 @@ def tune(run_dir: Path | None, skip: int, steps: int, command: tuple[str, ...], 
     Example:
       dpro tune -o tuned -- torchrun --nproc-per-node 8 train.py
     """
-    import time
-
     from dpro.analysis import RunAnalysis
     from dpro.optimizer.search import Tricks
 
     _check_output(options["output"], options["force"])
     out = options["output"]
-    run_dir = run_dir or (out / "run" if out else Path(f"dpro-run-{time.strftime('%Y%m%d-%H%M%S')}"))
+    run_dir = run_dir or (out / "run" if out else default_run_name("dpro-run"))
     if run_dir.exists():
         raise click.UsageError(f"{run_dir} exists already: give --run another folder")
     click.echo(f"tune: recording the job as it is into {run_dir}", err=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,6 +46,13 @@ def open_analysis(run: Any, scheduler: str | None, workers: int | None, **option
     from dpro.analysis import RunAnalysis
 
     return RunAnalysis(run, scheduler=scheduler, workers=workers, progress=sys.stderr.isatty(), **options)
+
+
+def default_run_name(prefix: str) -> Path:
+    """``PREFIX-DATE-TIME``: where a command records when not told."""
+    import time
+
+    return Path(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def ms(value: float | None) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import click
 
 from dpro.cli import CONTEXT
 from dpro.cli.info import format_summary
+from dpro.cli.options import default_run_name
 
 
 def _window_options(fn: Any) -> Any:
@@ -24,10 +24,6 @@ def _window_options(fn: Any) -> Any:
     ]):
         fn = option(fn)
     return fn
-
-
-def _default_run_name(prefix: str) -> Path:
-    return Path(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
@@ -68,7 +64,7 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
     from dpro.collectors.record import record as record_job
 
     applied = _strategy_file(strategy) if strategy is not None else None
-    opts = RecordOptions(output=output or _default_run_name("dpro-run"), skip=skip, warmup=warmup,
+    opts = RecordOptions(output=output or default_run_name("dpro-run"), skip=skip, warmup=warmup,
                          steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
                          sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied)
     status = record_job(list(command), opts)
@@ -144,7 +140,7 @@ def demo(output: Path | None, nproc: int, train_steps: int, skip: int, warmup: i
 
     from dpro.analysis.summary import summarize
 
-    run_dir = output or _default_run_name("dpro-demo")
+    run_dir = output or default_run_name("dpro-demo")
     if skip + warmup + steps > train_steps:
         raise click.ClickException(f"the profiling window (skip {skip} + warm-up {warmup} + steps "
                                    f"{steps}) does not fit in {train_steps} training steps")
