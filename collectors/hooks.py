@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro.collectors.apply import Applier, from_environment
-from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, ERRORS_FILE, META_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS,
+from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS,
                              STEPS_FILE, TRACE_FILE, early_errors_file, rank_dir, write_json_atomic)
 
 ENV_RUN_DIR = "DPRO_RUN_DIR"
@@ -91,6 +91,7 @@ class _Recorder:
         self.step_start_ns: int | None = None
         self.step_owner: Any = None  # id() of the optimizer that delimits steps, or "user"
         self.profiler: Any = None
+        self.window_start_ns = 0  # when the profiler started: the collective log keeps what followed
         self.shapes_profiler: Any = None
         self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every optimizer that stepped
@@ -173,6 +174,7 @@ class _Recorder:
                     profiler, self.profiler = self.profiler, None  # its trace was saved by the transition just made
                     calibration.release(profiler)
                     self.restore_sigterm()
+                    self.dump_collective_log()
                     self.run_calibration("collectives", lambda: calibration.collectives(
                         self.rank, metadata.rank_and_world_size()[1]))
             elif self.step == self.window.shapes:
@@ -189,6 +191,17 @@ class _Recorder:
             self.log_error(f"torch.profiler at step {self.step}", e)
         finally:
             self.step_start_ns = time.time_ns()  # what dpro did here belongs to no step
+
+    def dump_collective_log(self) -> None:
+        """Write the window's collectives and sends with their groups and peers
+        (:mod:`dpro.collectors.collective_log`); a failure costs the log only."""
+        from dpro.collectors import collective_log
+
+        assert self.rank_dir is not None
+        try:
+            collective_log.dump(self.rank_dir / COLLECTIVES_FILE, self.window_start_ns)
+        except Exception as e:
+            self.log_error("writing the collective log", e)
 
     def run_calibration(self, part: str, measure: Any) -> None:
         """Run one part of the calibration (:mod:`dpro.collectors.calibration`) and save what it
@@ -210,6 +223,7 @@ class _Recorder:
     def start_profiler(self) -> None:
         """Start torch.profiler so that its ``ProfilerStep#n`` is this process's step ``n``."""
         self.write_metadata()  # DDP has built its final buckets by now
+        self.window_start_ns = time.time_ns()
         profiler = self.new_profiler(schedule=self.window.schedule, on_trace_ready=self.save_trace)
         profiler.start()
         for _ in range(self.step):  # the schedule says NONE before the window: nothing is recorded
@@ -357,6 +371,14 @@ def _on_torch_imported(torch: Any) -> None:
 
         if dist.is_available():
             _wrap_after(dist, "init_process_group", lambda *a: _on_process_group_ready())
+            try:
+                from torch._C._distributed_c10d import ProcessGroup
+
+                from dpro.collectors import collective_log
+
+                collective_log.install(ProcessGroup)
+            except Exception as e:  # sends go unmatched; the rest records on
+                rec.log_error("logging point-to-point ops", e)
             from torch.nn.parallel import DistributedDataParallel
 
             if rec.applier is not None:
@@ -395,6 +417,9 @@ def install() -> None:
     global _recorder
     if _recorder is not None:
         return
+    from dpro.collectors.collective_log import prepare_environment
+
+    prepare_environment()
     run_dir = Path(os.environ[ENV_RUN_DIR])
     window = _Window(int(os.environ.get(ENV_SKIP, 10)), int(os.environ.get(ENV_WARMUP, 2)),
                      int(os.environ.get(ENV_STEPS, 5)))

@@ -13,6 +13,7 @@ from typing import Any
 from dpro.run_format import write_json_atomic
 
 from dpro.collectors.environment import redact_environment
+from dpro.collectors import parallel
 
 
 def rank_and_world_size() -> tuple[int, int]:
@@ -158,6 +159,7 @@ def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules
         "devices": _section(devices), "profiler_window": profiler_window,
         "ddp": [_section(ddp_layout, m) for m in ddp_modules],
         "memory": _section(memory, ddp_modules, optimizers),
+        "parallel": _section(parallel.describe),
         "environment": redact_environment(os.environ),
     }
     if applied is not None:

@@ -14,6 +14,8 @@ This module alone knows where things live in a run directory (see ``docs/run-for
       ranks/<rank>/trace.json.gz    torch.profiler (Kineto) trace of the profiled steps
       ranks/<rank>/trace-shapes.json.gz  the second step after the window, with input shapes
       ranks/<rank>/calibration.json the profiler's cost per event, the job's collectives timed
+      ranks/<rank>/collectives.json the window's collectives with their process groups, and its
+                                    sends and receives with their peers (what gloo's traces omit)
       ranks/<rank>/errors.log       failures of dpro's hooks in this rank (the job went on)
       nccl/<host>.<pid>.log         NCCL_DEBUG=INFO output, when NCCL is used
       derived/                      caches of the analysis (rebuilt whenever their inputs change)
@@ -48,6 +50,7 @@ STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
 META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE, ERRORS_FILE, CALIBRATION_FILE = (
     "meta.json", "steps.csv", "clock.json", "trace.json.gz", "errors.log", "calibration.json")
 SHAPES_TRACE_FILE = "trace-shapes.json.gz"
+COLLECTIVES_FILE = "collectives.json"
 NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start.json", "counters-end.json"
 GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
 NCCL_LOG_PATTERN = "%h.%p.log"  # NCCL_DEBUG_FILE: NCCL replaces %h by the host and %p by the pid
@@ -196,6 +199,11 @@ class Run:
         path = self.rank_dir(rank) / TRACE_FILE
         return path if path.exists() else None
 
+    def collective_log_path(self, rank: int) -> Path | None:
+        """The rank's ``collectives.json`` (groups and peers of its window's communication), if written."""
+        path = self.rank_dir(rank) / COLLECTIVES_FILE
+        return path if path.exists() else None
+
     def errors_path(self, rank: int) -> Path:
         return self.rank_dir(rank) / ERRORS_FILE
 
@@ -258,7 +266,7 @@ class Run:
         files = [self.root / MANIFEST]
         for rank in self.ranks:
             files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE,
-                                                               CALIBRATION_FILE)]
+                                                               CALIBRATION_FILE, COLLECTIVES_FILE)]
         return [f for f in files + self.nccl_logs() if f.exists()]
 
     def derived_dir(self) -> Path:

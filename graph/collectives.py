@@ -92,8 +92,8 @@ def schedule(coll: str, n: int, algorithm: str | None = None, root: int = 0) -> 
     algorithm = (algorithm or default_algorithm(coll)).lower()
     if n < 2:
         return _schedule([], [], [], [])
-    if coll in P2P_FAMILIES:
-        return _schedule([0], [0], [1], [1.0])
+    if coll in P2P_FAMILIES:  # root: the sender
+        return _schedule([0], [root], [1 - root], [1.0])
     if coll in ("all_reduce", "barrier"):
         if algorithm == TREE:
             up = _binomial(n, root, toward_root=True, halving=False)

@@ -38,7 +38,7 @@ from dpro.graph.alignment import refine_offsets
 from dpro.graph.collectives import kernel_algorithm
 from dpro.graph.decompose import EDGE_COLUMNS, Matched, decompose
 from dpro.graph.kineto import TraceTables
-from dpro.graph.matching import match
+from dpro.graph.matching import match, pair_p2p
 from dpro.graph.reduction import RankReduction, reduce_tables
 from dpro.graph.typical import NESTED_CALL_EDGES
 from dpro.run_format import BACKWARD_EVENT_PREFIX
@@ -173,9 +173,15 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
     for (_, coll, k), group in match(instances, key=key).groupby(key, sort=False):
         ids = dict(zip(group["rank"], group["node"]))
         matched.append(Matched(coll, int(k), ids, *_size_and_algorithm(nodes, coll, int(k), ids, bucket_bytes,
-                                                                       algorithms)))
+                                                                       algorithms), group=str(group["pg_name"].iloc[0])))
+    for send, recv in pair_p2p(instances.set_index("node")):
+        a, b = int(nodes.at[send, "rank"]), int(nodes.at[recv, "rank"])
+        sizes = nodes.loc[[send, recv], "nbytes"].dropna()
+        matched.append(Matched("send", int(nodes.at[send, "occurrence"]), {a: send, b: recv},
+                               float(sizes.iloc[0]) if len(sizes) else float("nan"), group=str(nodes.at[send, "pg_name"]),
+                               root=0 if a < b else 1))
     nodes, edges, table = decompose(nodes, edges, matched)
-    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "bytes", "events"]
+    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "pg_name", "bytes", "events"]
     return DataflowGraph(text_as_categories(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
                                          .reset_index(drop=True)),
                          text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),

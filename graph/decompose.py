@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.graph.collectives import Schedule, schedule
+from dpro.graph.vocabulary import P2P_FAMILIES, collective_family
 
 __all__ = ["EDGE_COLUMNS", "Matched", "decompose"]
 
@@ -46,6 +47,8 @@ class Matched:
     instances: dict[int, int]  # rank -> node id of its instance
     nbytes: float = float("nan")
     algorithm: str | None = None
+    group: str = ""  # its process group's name
+    root: int = 0  # the sender of a send, as an index into the members in rank order
 
 
 def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) -> tuple[pd.DataFrame, pd.DataFrame,
@@ -72,9 +75,9 @@ def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) 
         ranks = np.array(sorted(m.instances), np.int64)
         ids = np.array([m.instances[r] for r in ranks], np.int64)
         arrive = offset[ids].astype(np.float64)
-        end = float(arrive.max()) + float(dur[ids].astype(np.float64).min())
+        end = _end(m, offset, dur)
         transfer = end - begins[i]
-        sends = schedule(m.coll, len(ranks), m.algorithm)
+        sends = schedule(m.coll, len(ranks), m.algorithm, root=m.root)
         first_send = base + sum(len(f) for f in new_nodes)
         send_ids = first_send + np.arange(len(sends))
         step_ns = _step_durations(sends, transfer)
@@ -97,11 +100,12 @@ def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) 
                                 np.broadcast_to(np.array([0, 1, 1]), into_done.shape)[keep]))
         new_nodes.append(pd.DataFrame({
             "rank": ranks, "kind": "collective", "resource": resource[ids], "name": f"{m.coll}#{m.occurrence}",
-            "dur_ns": 0.0, "offset_ns": end, "coll_name": m.coll, "bytes": m.nbytes}))
+            "dur_ns": 0.0, "offset_ns": end, "coll_name": m.coll, "pg_name": m.group, "bytes": m.nbytes}))
         done_of[ids] = done_ids
         done_by.append(done_ids)
         first_sends.append((send_ids[sends.step == 0], sends.src[sends.step == 0]))
-        table.append({"coll": m.coll, "occurrence": m.occurrence, "algorithm": m.algorithm, "bytes": m.nbytes,
+        table.append({"coll": m.coll, "occurrence": m.occurrence, "group": m.group, "algorithm": m.algorithm,
+                      "bytes": m.nbytes,
                       "ranks": ranks.tolist(), "transfer_ns": transfer, "wait_ns": (arrive.max() - arrive).tolist(),
                       "sends": send_ids.tolist(), "done": done_ids.tolist()})
     for i, j in enumerate(behind):  # a queued collective's first sends wait for the earlier one's done nodes
@@ -136,7 +140,7 @@ def _send_nodes(m: Matched, ranks: np.ndarray, sends: Schedule, step_ns: np.ndar
     step_names = np.array([f"{m.coll}#{m.occurrence} step {s}" for s in range(sends.steps)], dtype=object)
     return pd.DataFrame({"rank": a, "kind": "transfer", "resource": link_names[which.reshape(-1)],
                          "name": step_names[sends.step], "dur_ns": step_ns[sends.step], "offset_ns": start[sends.step],
-                         "coll_name": m.coll, "bytes": m.nbytes * sends.fraction})
+                         "coll_name": m.coll, "pg_name": m.group, "bytes": m.nbytes * sends.fraction})
 
 
 def _latest_before(member: np.ndarray, step: np.ndarray, ids: np.ndarray, query_member: np.ndarray,
@@ -160,7 +164,7 @@ def _link_queue(matched: list[Matched], offset: np.ndarray, dur: np.ndarray) -> 
     collective over the same ranks was still running then and ended before it, when that one
     ended (the latest such end). A collective that ended first keeps its own arrival."""
     arrive = np.array([offset[list(m.instances.values())].max() for m in matched], np.float64)
-    end = arrive + np.array([dur[list(m.instances.values())].min() for m in matched], np.float64)
+    end = np.array([_end(m, offset, dur) for m in matched], np.float64)
     behind = np.full(len(matched), -1, np.int64)
     begins = arrive.copy()
     groups: dict[tuple[int, ...], list[int]] = {}
@@ -175,6 +179,18 @@ def _link_queue(matched: list[Matched], offset: np.ndarray, dur: np.ndarray) -> 
             if last < 0 or end[i] > end[last]:
                 last = i
     return behind, begins
+
+
+def _end(m: Matched, offset: np.ndarray, dur: np.ndarray) -> float:
+    """When a matched collective ended: its last rank's arrival plus its shortest instance (the
+    last to arrive waited least); a send when its receiver had the data (a send's own span
+    ends when its sender next looks, not when the data left)."""
+    ids = [m.instances[r] for r in sorted(m.instances)]
+    arrive = float(max(offset[i] for i in ids))
+    if collective_family(m.coll) in P2P_FAMILIES and len(ids) == 2:
+        receiver = ids[1 - m.root]
+        return max(arrive, float(offset[receiver]) + float(dur[receiver]))
+    return arrive + float(min(dur[i] for i in ids))
 
 
 def _step_durations(sends: Schedule, total_ns: float) -> np.ndarray:

@@ -23,12 +23,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dpro.graph.vocabulary import dtype_bytes, is_enqueue_call
+from dpro.graph.vocabulary import P2P_FAMILIES, collective_family, dtype_bytes, is_enqueue_call
 
-__all__ = ["INSTANCE_COLUMNS", "KEY", "does_work", "has_collective_kernels", "match", "number", "rank_instances", "work_events"]
+__all__ = ["INSTANCE_COLUMNS", "KEY", "does_work", "has_collective_kernels", "is_p2p", "match", "number", "pair_p2p",
+           "rank_instances", "work_events"]
 
 KEY = ["step", "pg_name", "coll_name", "occurrence"]
-INSTANCE_COLUMNS = ["rank", *KEY, "start_ns", "dur_ns", "nbytes"]
+INSTANCE_COLUMNS = ["rank", *KEY, "peer", "start_ns", "dur_ns", "nbytes"]
 
 
 def does_work(frame: pd.DataFrame, kernels: bool) -> np.ndarray:
@@ -53,10 +54,21 @@ def work_events(events: pd.DataFrame) -> pd.DataFrame:
     ev = events[does_work(events, kernels)]
     if kernels:
         return ev
-    ev = ev.sort_values(["tid", "start_ns"], kind="stable")
+    p2p = is_p2p(ev)  # a send's or receive's work spans its wait, overlapping the ops after it
+    sends = ev[p2p]
+    ev = ev[~p2p].sort_values(["tid", "start_ns"], kind="stable")
     ends = (ev["start_ns"] + ev["dur_ns"]).groupby(ev["tid"]).cummax()
     previous_end = ends.groupby(ev["tid"]).shift(1).fillna(np.iinfo(np.int64).min)
-    return ev[ev["start_ns"].to_numpy() >= previous_end.to_numpy()]
+    outermost = ev[ev["start_ns"].to_numpy() >= previous_end.to_numpy()]
+    if sends.empty:
+        return outermost
+    return pd.concat([outermost, sends]).sort_values(["tid", "start_ns"], kind="stable")
+
+
+def is_p2p(frame: pd.DataFrame) -> np.ndarray:
+    """Mask of the events (``coll_name``) of sends and receives."""
+    return frame["coll_name"].astype(object).map(
+        lambda c: isinstance(c, str) and collective_family(c) in P2P_FAMILIES).to_numpy(bool)
 
 
 def number(frame: pd.DataFrame, by: list[str], start: str = "start_ns") -> pd.Series:
@@ -76,8 +88,15 @@ def rank_instances(events: pd.DataFrame, rank: int) -> pd.DataFrame:
         "coll_name": work["coll_name"].astype(str).to_numpy(),
         "start_ns": work["start_ns"].to_numpy(np.int64), "dur_ns": work["dur_ns"].to_numpy(np.int64),
         "nbytes": _nbytes(work), "event": work.index.to_numpy(),
+        "peer": work["peer"].fillna(-1).to_numpy(np.int64) if "peer" in work else np.full(len(work), -1, np.int64),
     })
-    frame["occurrence"] = number(frame, ["step", "pg_name", "coll_name"])
+    if len(work) and "logged" in work and work["logged"].to_numpy(bool).all():  # the groups' own order
+        seq = work["seq"].to_numpy(np.int64)
+        frame["issued"] = np.where(seq >= 0, seq, -(seq + 2))
+        frame["occurrence"] = number(frame, ["step", "pg_name", "coll_name", "peer"], "issued")
+        frame = frame.drop(columns="issued")
+    else:
+        frame["occurrence"] = number(frame, ["step", "pg_name", "coll_name", "peer"])
     missing = frame["nbytes"].isna()
     if missing.any():  # sizes of the calls that issued them, in the same order per collective
         issued = _issue_calls(events)
@@ -117,11 +136,30 @@ def match(instances: pd.DataFrame, key: list[str] | None = None) -> pd.DataFrame
 
     ``key`` (default :data:`KEY`; it holds ``pg_name``) identifies a collective across ranks.
     A collective is matched when every rank seen in its process group has it, and at least two do.
+    Sends and receives are left out: :func:`pair_p2p` matches them.
     """
     key = key or KEY
+    instances = instances[~is_p2p(instances)]
     if instances.empty:
         return instances.assign(group_size=pd.Series(dtype="int64"))
     members = instances.groupby("pg_name", observed=True)["rank"].nunique()
     size = instances.groupby(key, observed=True)["rank"].transform("nunique")
     complete = (size >= 2) & (size == instances["pg_name"].map(members))
     return instances[complete.to_numpy()].assign(group_size=size[complete].astype("int64")).reset_index(drop=True)
+
+
+def pair_p2p(frame: pd.DataFrame) -> list[tuple[int, int]]:
+    """``(send, recv)`` index pairs of ``frame``'s sends and receives (``rank``, ``peer``,
+    ``pg_name``, ``coll_name``, ``occurrence`` numbered per peer): the k-th send of rank a to b in
+    a group is the k-th receive of b from a. Those without a peer, or without a partner, are left out."""
+    p2p = frame[is_p2p(frame) & (frame["peer"].to_numpy() >= 0)]
+    family = p2p["coll_name"].astype(str).map(collective_family)
+    sends, recvs = p2p[family == "send"], p2p[family == "recv"]
+    key = ["rank", "peer", "pg_name", "occurrence"]
+    recv_at = {tuple(k): i for k, i in zip(recvs[key].itertuples(index=False), recvs.index)}
+    pairs = []
+    for (rank, peer, pg, k), i in zip(sends[key].itertuples(index=False), sends.index):
+        j = recv_at.get((peer, rank, pg, k))
+        if j is not None:
+            pairs.append((int(i), int(j)))
+    return pairs

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+import dataclasses
+
+from dpro.graph.collective_log import label, read_log
 from dpro.graph.kineto import TraceTables, load_trace
 from dpro.graph.matching import rank_instances
 from dpro.graph.typical import RankStep, typical_step
@@ -41,8 +44,12 @@ class RankReduction:
         return [int(s) for s in self.profiled_steps["step"]]
 
 
-def reduce_tables(tables: TraceTables, rank: int, steps: list[int] | None = None) -> RankReduction:
-    """Reduce one rank's trace tables; the typical step is made of ``steps`` (default: all)."""
+def reduce_tables(tables: TraceTables, rank: int, steps: list[int] | None = None,
+                  log: dict | None = None) -> RankReduction:
+    """Reduce one rank's trace tables; the typical step is made of ``steps`` (default: all).
+    ``log``: the rank's collective log (:mod:`dpro.graph.collective_log`), which labels the
+    groups and peers a CPU trace does not name."""
+    tables = dataclasses.replace(tables, events=label(tables.events, log))
     instances = rank_instances(tables.events, rank)
     chosen = [int(s) for s in tables.steps["step"]] if steps is None else list(steps)
     return RankReduction(rank, typical_step(tables, rank, chosen, instances), instances.drop(columns="event"),
@@ -50,6 +57,7 @@ def reduce_tables(tables: TraceTables, rank: int, steps: list[int] | None = None
 
 
 def reduce_trace(path: str | os.PathLike, rank: int, cache_dir: str | os.PathLike | None = None,
-                 steps: list[int] | None = None) -> RankReduction:
-    """Load one rank's trace (cached in ``cache_dir``) and reduce it (:func:`reduce_tables`)."""
-    return reduce_tables(load_trace(path, rank=rank, cache_dir=cache_dir), rank, steps)
+                 steps: list[int] | None = None, log_path: str | os.PathLike | None = None) -> RankReduction:
+    """Load one rank's trace (cached in ``cache_dir``) and reduce it (:func:`reduce_tables`) with
+    the collective log at ``log_path``, if any."""
+    return reduce_tables(load_trace(path, rank=rank, cache_dir=cache_dir), rank, steps, read_log(log_path))

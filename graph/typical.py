@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.graph.kineto import TraceTables
-from dpro.graph.matching import does_work, has_collective_kernels, number
+from dpro.graph.matching import does_work, has_collective_kernels, is_p2p, number
 from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_FAMILIES, SYNC_NAMES,
                                    collective_family)
 
@@ -27,8 +27,8 @@ __all__ = ["NESTED_CALL_EDGES", "NODE_COLUMNS", "RankStep", "typical_step"]
 NESTED_CALL_EDGES = ("launch", "enqueue")
 """Edges from a top-level op to what a call nested in it started: their lag runs from the op's
 end to the nested call's end (negative: the call returned before the op ended)."""
-NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "occurrence", "nbytes",
-                "events"]
+NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "peer", "occurrence",
+                "nbytes", "events"]
 
 
 @dataclass
@@ -61,13 +61,23 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
     of its top-level parent."""
     ev = ev[~ev["name"].astype(str).str.startswith("ProfilerStep#")]
     ev = ev.assign(event=ev.index)
+    if "peer" not in ev:  # not labelled from a collective log
+        ev = ev.assign(peer=np.nan, logged=False)
     cpu = ev[ev["cat"].isin(CPU_CATEGORIES) & (ev["stream"] < 0)]
     gpu = ev[ev["cat"].isin(GPU_OP_CATEGORIES)]
     parts, inner = [], []
+    # gloo's sends and receives: their work spans the wait on the thread that issued them,
+    # overlapping its next ops, so they queue apart, as other collectives' worker threads do
+    p2p = cpu[is_p2p(cpu) & ~cpu["name"].astype(str).str.startswith("c10d::")]
+    cpu = cpu.drop(index=p2p.index)
+    for tid, queue in p2p.groupby("tid", sort=True):
+        parts.append(queue.sort_values("start_ns").assign(kind="cpu", resource=f"cpu/{tid}/p2p"))
+    awaited = _awaited_ends(ev)
     for tid, thread in cpu.groupby("tid", sort=True):
         thread = thread.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
         top = _top_level(thread)
-        tops = thread[top].assign(kind="cpu", resource=f"cpu/{tid}")
+        tops = _split_at_waits(thread[top], thread[~top], awaited.get(int(tid), np.empty(0, np.int64)))
+        tops = tops.assign(kind="cpu", resource=f"cpu/{tid}")
         parts.append(tops)
         nested = thread[~top]
         parent = np.searchsorted(tops["start_ns"].to_numpy(), nested["start_ns"].to_numpy(), "right") - 1
@@ -89,8 +99,87 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
     calls = pd.concat([nodes[nodes["kind"] == "cpu"].assign(parent_key=nodes["key"]), inner], ignore_index=True)
     return nodes, calls
 
+NESTED_WAIT_NS = 20_000
+"""How long an op must have sat without a nested call, up to when a transfer it issued ended,
+for :func:`_split_at_waits` to cut it there."""
+AWAITED_FAMILIES = frozenset({"recv", "all_gather"})
+"""Collectives whose result the issuing thread takes at once, inside one of its ops: a pipeline
+stage's receive, FSDP's all-gather before a unit's forward and backward."""
+
+
+def _awaited_ends(ev: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Per thread, when the step's instances of :data:`AWAITED_FAMILIES` it issued ended, sorted;
+    only those the collective log labelled (it pairs each with its enqueue call)."""
+    if "logged" not in ev:
+        return {}
+    logged = ev[ev["logged"].to_numpy(bool) & ev["coll_name"].notna().to_numpy()]
+    family = logged["coll_name"].astype(str).map(collective_family)
+    logged = logged[family.isin(AWAITED_FAMILIES).to_numpy()]
+    calls = logged["name"].astype(str).str.startswith("c10d::").to_numpy()
+    issuer = dict(zip(zip(logged["pg_name"].astype(str)[calls], logged["seq"][calls]), logged["tid"][calls]))
+    work = logged[~calls]
+    ends: dict[int, list[int]] = {}
+    for g, q, start, dur in zip(work["pg_name"].astype(str), work["seq"], work["start_ns"], work["dur_ns"]):
+        tid = issuer.get((g, q))
+        if tid is not None:
+            ends.setdefault(int(tid), []).append(int(start + dur))
+    return {tid: np.sort(np.array(e, np.int64)) for tid, e in ends.items()}
+
+
+def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarray) -> pd.DataFrame:
+    """A thread's top-level ops cut where they sat waiting for a transfer they issued (``awaited``:
+    its ends, :func:`_awaited_ends`):
+    an op with no nested call running for :data:`NESTED_WAIT_NS` up to the transfer's end
+    becomes its head (to the last call before the wait) and its tail (from the first call
+    after), so that the wait is an edge of the graph, not compute. The tail keeps the name."""
+    if not len(awaited) or tops.empty:
+        return tops
+    n_start = nested["start_ns"].to_numpy(np.int64)
+    n_end = (nested["start_ns"] + nested["dur_ns"]).to_numpy(np.int64)
+    order = np.argsort(n_start, kind="stable")
+    n_start, n_end = n_start[order], n_end[order]
+    leaf = np.r_[n_start[1:] >= n_end[:-1], True] if len(order) else np.empty(0, bool)
+    # the innermost calls: a range that spans the wait (FSDP's all-gather) is no sign of work
+    n_start, n_end = n_start[leaf], n_end[leaf]
+    n_end = np.maximum.accumulate(n_end) if len(n_end) else n_end
+    rows = []
+    for _, op in tops.iterrows():
+        start, end = int(op["start_ns"]), int(op["start_ns"] + op["dur_ns"])
+        cuts = []
+        for done in awaited[(awaited > start) & (awaited < end)]:
+            i = int(np.searchsorted(n_start, done, "left"))  # the first call after the transfer ended
+            if i == 0 or i >= len(n_start) or n_start[i] >= end or n_start[i - 1] < (cuts[-1][1] if cuts else start):
+                continue
+            idle_from = int(n_end[i - 1])
+            if idle_from <= done and done - idle_from >= NESTED_WAIT_NS:
+                cuts.append((idle_from, int(n_start[i])))
+        piece_start = start
+        for idle_from, resume in cuts:
+            rows.append(_piece(op, piece_start, idle_from))
+            piece_start = resume
+        rows.append(_piece(op, piece_start, end) if cuts else op)
+    return pd.DataFrame(rows).astype(tops.dtypes.to_dict()) if len(rows) != len(tops) else tops
+
+
+def _piece(op: pd.Series, start: int, end: int) -> pd.Series:
+    piece = op.copy()
+    piece["start_ns"], piece["dur_ns"] = start, end - start
+    return piece
+
+
 def _signature(nodes: pd.DataFrame) -> tuple:
-    return tuple(zip(nodes["resource"], nodes["name"].astype(str)))
+    """A step's structure: its nodes' queues and names, and which of the step's collectives (by
+    their group's sequence numbers, where the collective log gave them) each worker thread ran:
+    steps whose worker threads took the collectives in another order are not averaged together."""
+    which = np.full(len(nodes), -1, np.int64)
+    if "logged" in nodes:
+        logged = nodes["logged"].to_numpy(bool) & nodes["coll_name"].notna().to_numpy()
+        if logged.any():
+            seq = nodes["seq"].to_numpy(np.int64)
+            groups = nodes["pg_name"].astype(object).fillna("").astype(str)
+            first = pd.Series(np.where(logged, seq, np.iinfo(np.int64).max)).groupby(groups.to_numpy()).transform("min")
+            which = np.where(logged, seq - first.to_numpy(), -1)
+    return tuple(zip(nodes["resource"], nodes["name"].astype(str), which.tolist()))
 
 
 def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd.DataFrame) -> RankStep:
@@ -159,11 +248,19 @@ def _wrap_gaps(per_step: list[tuple[int, pd.DataFrame, pd.DataFrame]], template:
 
 def _mark_instances(nodes: pd.DataFrame, kernels: bool, instances: pd.DataFrame) -> None:
     """Number the template's collective instances (``occurrence``, by order of issue per process
-    group and collective; -1 for other nodes) and give them their bytes (NaN if unknown)."""
+    group, collective and peer: their sequence numbers where the collective log gave them; -1 for
+    other nodes) and give them their bytes (NaN if unknown)."""
     nodes["pg_name"] = nodes["pg_name"].astype(object).fillna("").astype(str)
+    nodes["peer"] = nodes["peer"].fillna(-1).astype(np.int64)
     mask = does_work(nodes, kernels)
     nodes["occurrence"] = -1
-    nodes.loc[mask, "occurrence"] = number(nodes[mask], ["pg_name", "coll_name"], "offset_ns").to_numpy()
+    work = nodes[mask]
+    if len(work) and work["logged"].to_numpy(bool).all():  # the log's sequence numbers are the groups' own order
+        seq = work["seq"].to_numpy(np.int64)
+        work = work.assign(issued=np.where(seq >= 0, seq, -(seq + 2)))
+    else:  # the order of issue: by start (the median over the steps)
+        work = work.assign(issued=work["offset_ns"])
+    nodes.loc[mask, "occurrence"] = number(work, ["pg_name", "coll_name", "peer"], "issued").to_numpy()
     nodes["nbytes"] = nodes["event"].map(instances.set_index("event")["nbytes"]).where(mask).astype("float64")
 
 def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list[tuple[int, int, int, str]]:
@@ -212,7 +309,8 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
             edges.append((int(gpu.index[last]), parent, int(measured_start[parent] - gpu_end[last]), "sync"))
     # Collectives: issued by a c10d::* call on another thread, waited for by idle CPU threads.
     instances = _issue_order(nodes[nodes["occurrence"] >= 0]) if not kernels else nodes.iloc[:0].assign(issue=0)
-    issued = _enqueue_ops(inner).set_index(["coll_name", "issue"])
+    enqueued = _enqueue_ops(inner)
+    issued = dict(zip(enqueued["issue"], (row for _, row in enqueued.iterrows())))
     comm_threads = set(instances["resource"])  # their order already sequences the collectives
     names = nodes["name"].astype(str)
     optimizer_steps = nodes.index[(nodes["kind"] == "cpu") & names.str.startswith("Optimizer.step#")
@@ -221,8 +319,8 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
     cpu_threads = [g for resource, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)
                    if resource not in comm_threads]
     for i, name, k in zip(instances.index, instances["coll_name"], instances["issue"]):
-        if (name, k) in issued.index:
-            call = issued.loc[(name, k)]
+        call = issued.get(k)
+        if call is not None:
             parent = index.get(call["parent_key"])
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
@@ -291,12 +389,24 @@ def _waiter(thread: pd.DataFrame, began: float, done: float, start: np.ndarray, 
     return int(ids[after])
 
 def _issue_order(instances: pd.DataFrame) -> pd.DataFrame:
-    """The rank's CPU-side collective instances, each with ``issue``: its order of issue among
-    the rank's collectives of the same name (what its enqueue call is numbered by)."""
-    return instances.assign(issue=number(instances, ["coll_name"], "offset_ns"))
+    """The rank's CPU-side collective instances, each with ``issue``, what its enqueue call has
+    too: its group and sequence number where the collective log gave them, else its order of
+    issue among the rank's collectives of the same name."""
+    return instances.assign(issue=_issue_keys(instances, number(instances, ["coll_name"], "offset_ns")))
 
 
 def _enqueue_ops(inner: pd.DataFrame) -> pd.DataFrame:
-    """Main-thread ``c10d::*`` calls that issue collectives, numbered like :func:`_issue_order`."""
+    """``c10d::*`` calls that issue collectives, keyed like :func:`_issue_order`."""
     issued = inner[inner["name"].astype(str).str.startswith("c10d::") & inner["coll_name"].notna()]
-    return issued.assign(issue=number(issued, ["coll_name"]))
+    return issued.assign(issue=_issue_keys(issued, number(issued, ["coll_name"])))
+
+
+def _issue_keys(frame: pd.DataFrame, order: pd.Series) -> list:
+    """``(group, sequence number)`` where the collective log gave them, else ``(collective, order
+    of issue)``."""
+    seq = np.where(frame["logged"].to_numpy(bool), frame["seq"].to_numpy(np.int64), -1) if "logged" in frame \
+        else np.full(len(frame), -1, np.int64)
+    groups = frame["pg_name"].astype(object).fillna("").astype(str).to_numpy()
+    names = frame["coll_name"].astype(str).to_numpy()
+    return [("seq", g, int(q)) if q != -1 else ("order", n, int(k))
+            for g, q, n, k in zip(groups, seq, names, order.to_numpy())]

@@ -8,7 +8,8 @@ ending at the node of ``r`` that ends last in the predicted step. Each stretch o
 - ``launch_bound``: CPU ops of ``r`` whose launch the path's next GPU op waited for (the GPU
   was starved by the CPU);
 - ``communication``: sends of a collective, once every rank has arrived (exposed: nothing of
-  ``r``'s ran in its place);
+  ``r``'s ran in its place); also split by the collective's process group
+  (``communication_by_group_ms``: a mesh's data- and tensor-parallel groups, a pipeline's sends);
 - ``waiting``: ops and gaps of other ranks (``r`` was waiting for a slower rank to arrive);
 - ``idle``: gaps between ``r``'s own ops on the path (scheduling, Python overhead, latency).
 
@@ -54,6 +55,9 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
     edge_kind = edges["kind"].to_numpy()
     start, end = result.start_ns, result.end_ns
     totals = dict.fromkeys(CATEGORIES, 0.0)
+    groups = nodes["pg_name"].astype(object).fillna("").astype(str).to_numpy() if "pg_name" in nodes \
+        else np.full(len(nodes), "", object)
+    by_group: dict[str, float] = {}
     launch_bound = _launch_bound(path, kinds, edge_kind, result.cause_edge)
     frontier = start[path[0]]
     for i, v in enumerate(path):
@@ -68,6 +72,7 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
         mine = ranks[v] == owner
         if kinds[v] == "transfer":
             totals["communication"] += took
+            by_group[groups[v]] = by_group.get(groups[v], 0.0) + took
         elif not mine:
             totals["waiting"] += took
         else:
@@ -77,7 +82,7 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
             totals["idle" if mine and ranks[after] == owner else "waiting"] += gap
     span = frontier - start[path[0]]
     return {"rank": owner, "span_ms": float(span) / 1e6, **{f"{k}_ms": float(v) / 1e6 for k, v in totals.items()},
-            "nodes": len(path)}
+            "communication_by_group_ms": {g: float(t) / 1e6 for g, t in sorted(by_group.items())}, "nodes": len(path)}
 
 
 def mean_breakdown(graph: DataflowGraph, result: Replay) -> dict[str, float]:

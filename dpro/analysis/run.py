@@ -41,6 +41,7 @@ from dpro.analysis.fanout import map_ranks
 from dpro.graph import store
 from dpro.graph.collectives import nccl_log_algorithms
 from dpro.graph.dataflow import DataflowGraph, GraphError, build_graph, common_steps
+from dpro.analysis.parallelism import Parallelism
 from dpro.graph.kineto import TraceTables, load_trace
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
@@ -91,6 +92,11 @@ class RunAnalysis:
     def metas(self) -> dict[int, dict[str, Any]]:
         """Each rank's ``meta.json``."""
         return {r: self.run.rank_meta(r) for r in self.ranks}
+
+    @cached_property
+    def parallelism(self) -> Parallelism:
+        """How the job is parallel: process groups, mesh, FSDP units, pipeline (from the metadata)."""
+        return Parallelism.of(self.metas)
 
     @cached_property
     def hosts(self) -> dict[int, str]:
@@ -190,7 +196,8 @@ class RunAnalysis:
         return load_trace(path, rank=rank, cache=self.cache, cache_dir=self.trace_cache_dir(rank))
 
     def _reduce(self, ranks: list[int], steps: list[int] | None) -> dict[int, RankReduction]:
-        tasks = [(self.run.trace_path(r), r, self.trace_cache_dir(r) if self.cache else None, steps) for r in ranks]
+        tasks = [(self.run.trace_path(r), r, self.trace_cache_dir(r) if self.cache else None, steps,
+                  self.run.collective_log_path(r)) for r in ranks]
         results = map_ranks(reduce_trace, tasks, scheduler=self.scheduler, workers=self.workers,
                             progress=self.progress, desc="decoding traces")
         return dict(zip(ranks, results))

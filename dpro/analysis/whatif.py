@@ -172,6 +172,7 @@ class Prediction:
     def of(cls, model: CostModel, change: Change) -> "Prediction":
         """Replay ``model``'s run with ``change`` made (see :func:`predict`)."""
         analysis, graph, replayed = model.analysis, model.analysis.graph, model.replayed_ns
+        _check_applies(analysis, change)
         w = model.what_if()
         details = dict(model.details)
         rebucket = change.bucket_cap_mb is not None or change.first_bucket_mb is not None
@@ -377,6 +378,25 @@ def _ms(ns: float) -> float | None:
 def _mean(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return float(np.mean(present)) if present else None
+
+
+DATA_PARALLEL_CHANGES = {"bucket_cap_mb": "--bucket-cap-mb", "first_bucket_mb": "--first-bucket-mb",
+                         "compress": "--compress", "accumulate": "--accumulate", "world_size": "--world-size",
+                         "ranks_per_host": "--ranks-per-host", "recompute_forward": "recomputing the forward",
+                         "fuse_ops": "--fuse-ops"}
+"""Changes modelled on a data-parallel job only (DDP's buckets, hooks, no_sync and forward marker;
+the same job over more ranks)."""
+
+
+def _check_applies(analysis: RunAnalysis, change: Change) -> None:
+    """A one-line error for a change this job's parallelism has no model of."""
+    parallelism = analysis.parallelism
+    if parallelism.data_parallel_only:
+        return
+    asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)]
+    if asked:
+        raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
+                        "only --bandwidth-scale applies to it")
 
 
 def _layout(analysis: RunAnalysis) -> dict[str, Any]:

@@ -83,6 +83,15 @@ def critical_path(run: Any, rank: int | None, show_all: bool, top: int, as_json:
     for c in CATEGORIES:
         click.echo(f"  {c.replace('_', ' '):<14} {parts[c + '_ms']:9.2f} ms  "
                    f"{100 * parts[c + '_ms'] / max(parts['span_ms'], 1e-9):5.1f}%")
+    parallelism = analysis.parallelism
+    by_group = {g: t for g, t in parts["communication_by_group_ms"].items() if t > 0}
+    if len(by_group) > 1 or not parallelism.data_parallel_only:
+        click.echo(f"the job: {parallelism.describe()}")
+        for g, t in sorted(by_group.items(), key=lambda kv: -kv[1]):
+            click.echo(f"  communication of {parallelism.group_label(g)}: {t:.2f} ms")
+        if parallelism.pipeline is not None:
+            click.echo(f"  pipeline bubble (waiting for other stages): {parts['waiting_ms']:.2f} ms "
+                       f"({100 * parts['waiting_ms'] / max(parts['span_ms'], 1e-9):.1f}%)")
     if show_all:
         click.echo("")
         click.echo(table([("start ms", "ms", "rank", "resource", "op")] + [

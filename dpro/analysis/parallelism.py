@@ -1,0 +1,75 @@
+"""How a recorded job is parallel: its process groups, device mesh, FSDP units and pipeline.
+
+Read from the ranks' ``meta.json`` (``process_groups`` and ``parallel``, written by
+:mod:`dpro.collectors.metadata` and :mod:`dpro.collectors.parallel`).
+
+    >>> Parallelism.of(RunAnalysis.open("run").metas).describe()     # doctest: +SKIP
+    'FSDP2: 5 units over 2 ranks, resharded after forward'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Parallelism"]
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """``groups``: process group name -> its description and ranks (every rank's view merged);
+    ``mesh``: the largest device mesh (``shape``, ``dim_names``, ``groups``) or None; ``fsdp``:
+    rank 0's FSDP units; ``pipeline``: rank 0's schedule or None."""
+
+    world_size: int
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mesh: dict[str, Any] | None = None
+    fsdp: list[dict[str, Any]] = field(default_factory=list)
+    pipeline: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, metas: dict[int, dict[str, Any]]) -> Parallelism:
+        groups: dict[str, dict[str, Any]] = {}
+        for meta in metas.values():
+            for g in meta.get("process_groups") or []:
+                if isinstance(g, dict) and "pg_name" in g:
+                    groups.setdefault(str(g["pg_name"]), {"desc": g.get("pg_desc", ""), "ranks": g.get("ranks", [])})
+        first = metas[min(metas)] if metas else {}
+        parallel = first.get("parallel") if isinstance(first.get("parallel"), dict) else {}
+        meshes = parallel.get("meshes") or []
+        pipelines = parallel.get("pipeline") or []
+        return cls(world_size=int(first.get("world_size") or len(metas) or 1), groups=groups,
+                   mesh=meshes[0] if meshes else None, fsdp=list(parallel.get("fsdp") or []),
+                   pipeline=pipelines[0] if pipelines else None)
+
+    @property
+    def data_parallel_only(self) -> bool:
+        """Whether the job is plain data parallel (DDP or none): no FSDP, no mesh of two or more
+        dimensions, no pipeline."""
+        return not self.fsdp and self.pipeline is None and not (self.mesh and len(self.mesh["shape"]) > 1)
+
+    def group_label(self, pg_name: str) -> str:
+        """A process group as a user knows it: its mesh dimension, else its description, else its name."""
+        if self.mesh and pg_name in (self.mesh.get("groups") or []):
+            names = self.mesh.get("dim_names")
+            dim = self.mesh["groups"].index(pg_name)
+            return f"{names[dim] if names else f'mesh dim {dim}'} (group {pg_name})"
+        desc = self.groups.get(pg_name, {}).get("desc")
+        if self.pipeline is not None and desc == "default_pg":
+            return f"pipeline (group {pg_name})"
+        return f"{desc} (group {pg_name})" if desc else f"group {pg_name}"
+
+    def describe(self) -> str:
+        """One line: the parallel forms of the job."""
+        parts = []
+        if self.fsdp:
+            reshard = all(u.get("reshard_after_forward") for u in self.fsdp)
+            parts.append(f"FSDP2: {len(self.fsdp)} units over {self.fsdp[0].get('mesh_shape')} ranks"
+                         f"{', resharded after forward' if reshard else ''}")
+        if self.mesh and len(self.mesh["shape"]) > 1:
+            names = self.mesh.get("dim_names") or [f"dim {i}" for i in range(len(self.mesh["shape"]))]
+            parts.append("mesh " + "×".join(str(n) for n in self.mesh["shape"]) + f" ({', '.join(names)})")
+        if self.pipeline:
+            p = self.pipeline
+            parts.append(f"pipeline {p['schedule']}: {p['num_stages']} stages, {p['microbatches']} micro-batches")
+        return "; ".join(parts) or f"data parallel over {self.world_size} ranks"

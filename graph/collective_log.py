@@ -1,0 +1,145 @@
+"""A rank's trace labelled from its collective log: process groups, sequence numbers, sizes, peers.
+
+gloo's trace events name no process group, so a job with several (FSDP sharding over one, tensor
+and data parallel over two dimensions of a mesh) cannot be matched from its trace alone; nor do
+its sends name their peer. ``dpro record`` writes each rank's ``collectives.json``
+(:mod:`dpro.collectors.collective_log`): the flight recorder's collectives (group, sequence
+number, profiling name, sizes, creation time) and the logged sends and receives (peer, group,
+bytes, time). :func:`label` writes them into the events:
+
+- a collective's *enqueue call* (``c10d::allreduce_``...) is the call inside which its entry was
+  created (same clock), and takes the entry's ``pg_name`` and ``seq``;
+- its *work event* (``gloo:all_reduce``...) runs on a worker thread of its group, first in, first
+  out: each work event takes the oldest entry of that name not yet taken among the groups whose
+  entry was created before the work began, preferring the group its thread already served
+  (a gloo worker thread serves one group), else the entry created first;
+- the k-th send (and receive) call and work event of the window take the k-th logged send
+  (receive): ``peer`` (global rank), ``pg_name``, ``seq`` (the log's index, negated less one so
+  that it never meets a collective's).
+
+Where a trace names its groups already (NCCL), it is returned as it was. Sizes fill
+``in_nelems`` and ``dtype`` where the trace has none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpro.graph.matching import work_events
+from dpro.graph.vocabulary import P2P_FAMILIES, collective_family, is_enqueue_call
+
+__all__ = ["label", "read_log"]
+
+
+def read_log(path: str | os.PathLike | None) -> dict[str, Any] | None:
+    """A rank's ``collectives.json``, or None when there is none or it cannot be read."""
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            log = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return log if isinstance(log, dict) else None
+
+
+def label(events: pd.DataFrame, log: dict[str, Any] | None) -> pd.DataFrame:
+    """``events`` with ``pg_name``, ``seq``, ``in_nelems``, ``dtype`` and ``peer`` (float, NaN
+    where not a send or receive) filled from ``log`` (see the module docstring), and ``logged``
+    (whether the log labelled the event)."""
+    events = events.assign(peer=np.nan, logged=False)
+    coll = events["coll_name"].notna()
+    if not log or not coll.any() or events.loc[coll, "pg_name"].notna().any():
+        return events
+    in_window = events["step"] >= 0
+    since = int(events.loc[in_window, "start_ns"].min()) if in_window.any() else int(events["start_ns"].min())
+    pg = events["pg_name"].astype(object).to_numpy(copy=True)
+    dtype = events["dtype"].astype(object).to_numpy(copy=True)
+    seq = events["seq"].to_numpy(np.int64, copy=True)
+    nelems = events["in_nelems"].to_numpy(np.int64, copy=True)
+    peer = events["peer"].to_numpy(np.float64, copy=True)
+    logged = np.zeros(len(events), bool)
+    names = events["name"].astype(str)
+    enqueue = (coll & names.map(is_enqueue_call).astype(bool)).to_numpy()
+    family = events["coll_name"].astype(object).map(lambda c: collective_family(str(c)) if isinstance(c, str) else "")
+    p2p = (coll & family.isin(P2P_FAMILIES)).to_numpy()
+    entries = sorted((e for e in log.get("collectives", []) if e.get("created_ns", 0) >= since),
+                     key=lambda e: e["created_ns"])
+    for row, entry in _enqueue_entries(events, enqueue & ~p2p, entries):
+        pg[row], seq[row], logged[row] = entry["pg_name"], entry["seq"], True
+    work = np.zeros(len(events), bool)
+    work[events.index.get_indexer(work_events(events).index)] = True
+    for row, entry in _work_entries(events, work & ~p2p, entries):
+        pg[row], seq[row], logged[row] = entry["pg_name"], entry["seq"], True
+        sizes, dtypes = entry.get("input_sizes") or [], entry.get("input_dtypes") or []
+        if nelems[row] < 0 and sizes:
+            nelems[row] = int(sum(np.prod(s, dtype=np.int64) for s in sizes))
+            dtype[row] = str(dtypes[0]).lower() if dtypes else dtype[row]
+    sends = [e for e in log.get("p2p", []) if e.get("created_ns", 0) >= since]
+    for op in ("send", "recv"):
+        of_op = [(i, e) for i, e in enumerate(sends) if e["op"] == op]
+        for part in (enqueue, ~enqueue):
+            rows = np.flatnonzero(p2p & part & (family == op).to_numpy())
+            rows = rows[np.argsort(events["start_ns"].to_numpy()[rows], kind="stable")]
+            for row, (i, entry) in zip(rows, of_op):
+                pg[row], seq[row], peer[row], logged[row] = entry["pg_name"], -2 - i, entry["peer"], True
+                if nelems[row] < 0 and entry.get("nbytes") is not None:
+                    nelems[row], dtype[row] = int(entry["nbytes"]), "uint8"
+    return events.assign(pg_name=pd.Categorical(pg), dtype=pd.Categorical(dtype), seq=seq, in_nelems=nelems,
+                         peer=peer, logged=logged)
+
+
+def _enqueue_entries(events: pd.DataFrame, mask: np.ndarray, entries: list[dict[str, Any]]):
+    """(row, entry) for each enqueue call inside which an entry was created (the first such)."""
+    rows = np.flatnonzero(mask)
+    created = np.array([e["created_ns"] for e in entries], np.int64)
+    start = events["start_ns"].to_numpy()[rows]
+    end = start + events["dur_ns"].to_numpy()[rows]
+    taken = np.zeros(len(entries), bool)
+    for row, a, b in sorted(zip(rows, start, end), key=lambda t: t[1]):
+        i = int(np.searchsorted(created, a, "left"))
+        while i < len(entries) and created[i] <= b and taken[i]:
+            i += 1
+        if i < len(entries) and created[i] <= b:
+            taken[i] = True
+            yield row, entries[i]
+
+
+def _work_entries(events: pd.DataFrame, mask: np.ndarray, entries: list[dict[str, Any]]):
+    """(row, entry) for each work event (see the module docstring): each worker thread is given
+    the group most of its events would take first in, first out across groups; then a group's
+    work events, in order of start, take its entries in order of creation (its queue is first
+    in, first out), each no earlier than it was created."""
+    rows = np.flatnonzero(mask)
+    frame = events.iloc[rows]
+    order = np.argsort(frame["start_ns"].to_numpy(), kind="stable")
+    rows, names = rows[order], frame["name"].astype(str).to_numpy()[order]
+    tids, starts = frame["tid"].to_numpy()[order], frame["start_ns"].to_numpy(np.int64)[order]
+    queues: dict[tuple[str, str], deque] = {}
+    for e in entries:
+        queues.setdefault((e["name"], e["pg_name"]), deque()).append(e)
+    votes: dict[Any, dict[str, int]] = {}
+    for name, tid, start in zip(names, tids, starts):
+        ready = {g: q for (n, g), q in queues.items() if n == name and q and q[0]["created_ns"] <= start}
+        if ready:
+            group = min(ready, key=lambda g: ready[g][0]["created_ns"])
+            ready[group].popleft()
+            counts = votes.setdefault(tid, {})
+            counts[group] = counts.get(group, 0) + 1
+    served = {tid: max(counts, key=counts.get) for tid, counts in votes.items()}
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_group.setdefault(e["pg_name"], []).append(e)
+    for group, taken in by_group.items():
+        mine = [i for i, tid in enumerate(tids) if served.get(tid) == group]
+        k = 0
+        for i in mine:
+            if k < len(taken) and taken[k]["created_ns"] <= starts[i] and taken[k]["name"] == names[i]:
+                yield rows[i], taken[k]
+                k += 1

@@ -1,0 +1,138 @@
+"""FSDP2, tensor parallel on a 2×2 mesh and a 2-stage pipeline: real jobs recorded by ``dpro
+record`` unchanged, their process groups, units and schedule in the metadata, their collectives
+matched within their own groups, their sends paired, replayed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpro.analysis import RunAnalysis
+from dpro.graph.collective_log import label
+from dpro.graph.matching import pair_p2p
+from dpro.graph.typical import _split_at_waits
+from dpro.replayer.breakdown import breakdown, rank_critical_path
+
+from .conftest import ROOT, TORCHRUN, assert_one_line_error, dpro
+
+PARALLEL = ROOT / "examples" / "train_parallel.py"
+SMALL = ["--steps", "10", "--layers", "2", "--d-model", "64", "--seq-len", "32"]
+
+
+def _record(tmp_path_factory, form: str, ranks: int, *extra: str) -> Path:
+    run = tmp_path_factory.mktemp(form) / "run"
+    result = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--no-calibrate", "--",
+                  *TORCHRUN, f"--nproc-per-node={ranks}", PARALLEL, "--form", form, *SMALL, *extra, timeout=400)
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory) -> Path:
+    return _record(tmp_path_factory, "tp", 4, "--tp", "2")
+
+
+@pytest.fixture(scope="module")
+def pp_run(tmp_path_factory) -> Path:
+    return _record(tmp_path_factory, "pp", 2, "--microbatches", "4")
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory) -> Path:
+    return _record(tmp_path_factory, "fsdp", 2)
+
+
+def test_a_2x2_mesh_is_recorded_and_each_collective_matched_within_its_own_group(tp_run: Path) -> None:
+    analysis = RunAnalysis.open(tp_run)
+    mesh = analysis.parallelism.mesh
+    assert mesh["shape"] == [2, 2] and mesh["dim_names"] == ["dp", "tp"] and mesh["ranks"] == [[0, 1], [2, 3]]
+    groups = {g: sorted(info["ranks"]) for g, info in analysis.parallelism.groups.items()}
+    dp_groups = {g for g, r in groups.items() if r in ([0, 2], [1, 3])}
+    tp_groups = {g for g, r in groups.items() if r in ([0, 1], [2, 3])}
+    assert len(dp_groups) == 2 and len(tp_groups) == 2, groups
+    table = analysis.graph.collectives
+    assert len(table)
+    for row in table.itertuples():  # never a collective of one group matched with another's
+        assert row.group in groups and row.ranks == groups[row.group], (row.group, row.ranks)
+    assert set(table["group"]) == dp_groups | tp_groups, "both dimensions' groups have collectives"
+    per_group = table.groupby("group").size()
+    assert per_group[sorted(tp_groups)].nunique() == 1 and per_group[sorted(dp_groups)].nunique() == 1
+
+
+def test_without_the_collective_log_a_gloo_trace_names_no_group(tp_run: Path) -> None:
+    """The reason for the log: gloo's events name no group (the matcher would mix the four)."""
+    events = RunAnalysis.open(tp_run).tables(0).events
+    work = events[events["name"].astype(str).str.startswith("gloo:")]
+    assert len(work) and work["pg_name"].isna().all()
+    log = json.loads((tp_run / "ranks" / "0" / "collectives.json").read_text())
+    labelled = label(events, log)
+    named = labelled.loc[work.index, "pg_name"].astype(object)
+    assert named.notna().mean() > 0.95 and set(named.dropna()) == {"1", "3"}
+
+
+def test_pipeline_sends_are_paired_and_the_bubble_is_on_the_critical_path(pp_run: Path) -> None:
+    analysis = RunAnalysis.open(pp_run)
+    pipeline = analysis.parallelism.pipeline
+    assert pipeline == {"schedule": "ScheduleGPipe", "microbatches": 4, "stage_index": [0], "num_stages": 2}
+    graph, result = analysis.graph, analysis.replay()
+    sends = graph.collectives[graph.collectives["coll"] == "send"]
+    links = graph.nodes.loc[[s for row in sends["sends"] for s in row], "resource"].astype(str)
+    # activations forward (0 -> 1) and gradients back (1 -> 0), one of each per micro-batch
+    assert (links == "link/0->1").sum() == 4 and (links == "link/1->0").sum() == 4
+    path = rank_critical_path(graph, result, 0)
+    on_path = graph.nodes.loc[path]
+    assert set(on_path["rank"]) == {0, 1}, "stage 0's step waits for stage 1's backward"
+    assert (on_path["kind"] == "transfer").any()
+    parts = breakdown(graph, result, 0)
+    assert parts["waiting_ms"] > 0.2 * parts["span_ms"], parts  # the bubble: 2 stages, 4 micro-batches
+    out = dpro("critical-path", pp_run)
+    assert out.returncode == 0 and "pipeline bubble" in out.stdout and "ScheduleGPipe" in out.stdout
+
+
+def test_fsdp_units_are_recorded_and_each_all_gather_feeds_its_unit(fsdp_run: Path) -> None:
+    analysis = RunAnalysis.open(fsdp_run)
+    units = analysis.parallelism.fsdp
+    assert [u["module"] for u in units] == ["", "blocks.0", "blocks.1"]
+    assert all(u["reshard_after_forward"] for u in units)
+    for u in units:  # each rank holds half of each unit's parameters
+        assert u["sharded_bytes"] == pytest.approx(u["unsharded_bytes"] / 2, rel=0.05)
+    graph = analysis.graph
+    table = graph.collectives
+    gathers = table[table["coll"].astype(str).str.contains("all_gather")]
+    assert len(gathers) >= 2 * len(units) - 1, "an all-gather before each unit's forward and backward"
+    edges, nodes = graph.edges, graph.nodes
+    for row in gathers.itertuples():
+        for done in row.done:  # the unit's compute waits for its parameters
+            out = edges[(edges["src"] == done) & (edges["kind"] == "wait")]
+            assert len(out), f"{row.coll}#{row.occurrence} feeds no op"
+            assert (nodes.loc[out["dst"], "kind"] == "cpu").all()
+    assert not (table["bytes"].isna()).any(), "sizes from the collective log"
+
+
+def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
+    for run, option in ((fsdp_run, ["--bucket-cap-mb", "1"]), (fsdp_run, ["--world-size", "4"]),
+                        (pp_run, ["--accumulate", "2"])):
+        assert_one_line_error(dpro("whatif", run, *option), option[0], "data-parallel", "--bandwidth-scale")
+    ok = dpro("whatif", pp_run, "--bandwidth-scale", "0.5")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_sends_pair_by_peer_and_order() -> None:
+    frame = pd.DataFrame({
+        "rank": [0, 0, 1, 1, 1, 2], "peer": [1, 1, 0, 0, 2, 1], "pg_name": ["0"] * 6,
+        "coll_name": ["send", "send", "recv", "recv", "send", "recv"], "occurrence": [0, 1, 0, 1, 0, 0]})
+    assert sorted(pair_p2p(frame)) == [(0, 2), (1, 3), (4, 5)]
+    assert pair_p2p(frame.assign(peer=[1, 1, 0, 0, 2, 0])) == [(0, 2), (1, 3)], "a send without its receive stays unpaired"
+
+
+def test_an_op_that_sat_waiting_for_a_transfer_is_cut_at_the_wait() -> None:
+    op = pd.DataFrame({"name": ["Forward 0"], "start_ns": [0], "dur_ns": [10_000_000]})
+    nested = pd.DataFrame({"start_ns": [100_000, 8_000_000], "dur_ns": [50_000, 1_000_000]})
+    cut = _split_at_waits(op, nested, np.array([7_900_000]))
+    assert list(cut["start_ns"]) == [0, 8_000_000] and list(cut["dur_ns"]) == [150_000, 2_000_000]
+    busy = pd.DataFrame({"start_ns": [100_000, 7_800_000], "dur_ns": [7_650_000, 1_000_000]})
+    assert len(_split_at_waits(op, busy, np.array([7_900_000]))) == 1, "no idle stretch before the end: no wait"
