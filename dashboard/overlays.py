@@ -94,11 +94,12 @@ def _ops_of_collectives(on_path: pd.DataFrame, links: pd.DataFrame) -> pd.DataFr
 
 
 def _lane_of(resources: pd.Series, lanes: Lanes) -> np.ndarray:
-    """The lane of each graph resource (``r0/cpu/5793``, ``r0/gpu/7``); -1 where none."""
+    """The lane of each graph resource (``r0/cpu/5793``, ``r0/gpu/7``; a thread's sends and
+    receives, ``r0/cpu/5793/p2p``, are on its lane); -1 where none."""
     index = {(int(r), "gpu" if g else "cpu", int(t)): i
              for i, (r, g, t) in enumerate(zip(lanes.lane_rank, lanes.lane_gpu, lanes.lane_thread))}
     out = []
     for resource in resources:
-        rank, device, thread = resource.split("/")
+        rank, device, thread = resource.split("/")[:3]
         out.append(index.get((int(rank.lstrip("r")), device, int(thread)), -1))
     return np.asarray(out, np.int64)
