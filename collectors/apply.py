@@ -15,6 +15,9 @@
   hook DDP refuses (bf16 without CUDA and NCCL) is left out too, as is PowerSGD on gloo with more
   than one bucket (its callbacks issue all-reduces in an order the ranks do not share, and the
   job fails); the job runs without it.
+- ``reshard_after_forward``: every ``fully_shard`` (FSDP2) call of the job made with it,
+  whatever the script passed (``torch.distributed.fsdp.fully_shard`` is wrapped before the
+  script imports it);
 - ``activation_checkpointing``, ``gradient_accumulation`` and ``torch_compile`` need a change
   to the model's code or the training loop (the strategy's ``code``): they are left out, and
   said so.
@@ -106,6 +109,31 @@ class Applier:
         ddp_class.__init__ = init
         if self.settings.get("comm_hook"):
             ddp_class.forward = first_forward
+
+    def install_fsdp(self, log_error: Callable[[str, BaseException], None]) -> None:
+        """Wrap FSDP2's ``fully_shard`` so that every unit takes the strategy's
+        ``reshard_after_forward`` (only when the strategy sets it: the import is not free)."""
+        if self.settings.get("reshard_after_forward") is None:
+            return
+        value = bool(self.settings["reshard_after_forward"])
+        import torch.distributed.fsdp as fsdp
+        from torch.distributed.fsdp import _fully_shard
+
+        original = fsdp.fully_shard
+        applier = self
+
+        @functools.wraps(original)
+        def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+            before = kwargs.get("reshard_after_forward")
+            kwargs["reshard_after_forward"] = value
+            note = f"reshard_after_forward={_shown(value)}" + ("" if before is None else f" (the script's {_shown(before)})")
+            if note not in applier.applied:
+                applier.applied.append(note)
+            return original(module, *args, **kwargs)
+
+        fsdp.fully_shard = fully_shard
+        if getattr(_fully_shard, "fully_shard", None) is original:
+            _fully_shard.fully_shard = fully_shard
 
     def _with_arguments(self, signature: inspect.Signature, module: Any, args: tuple, kwargs: dict,
                         log_error: Callable[[str, BaseException], None]) -> tuple[tuple, dict, list[str]]:

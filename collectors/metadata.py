@@ -130,15 +130,25 @@ def first_bucket_cap(ddp: Any) -> int:
 
 
 def memory(ddp_modules: list[Any], optimizers: list[Any]) -> dict[str, int]:
-    """Bytes the step holds throughout: the DDP modules' parameters, their gradients (those that
-    require one) and the optimizers' state tensors."""
+    """Bytes the step holds throughout: the parameters (the DDP modules', else the optimizers'),
+    their gradients (those that require one) and the optimizers' state tensors; of a sharded
+    tensor (FSDP2's DTensor), this rank's shard."""
     import torch
 
-    params = {id(p): p for m in ddp_modules for p in m.module.parameters()}.values()
+    if ddp_modules:
+        params = {id(p): p for m in ddp_modules for p in m.module.parameters()}.values()
+    else:
+        params = {id(p): p for o in optimizers for g in o.param_groups for p in g["params"]}.values()
     state = {id(t): t for o in optimizers for s in o.state.values() for t in s.values() if torch.is_tensor(t)}.values()
-    return {"parameters_bytes": sum(p.numel() * p.element_size() for p in params),
-            "gradients_bytes": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-            "optimizer_state_bytes": sum(t.numel() * t.element_size() for t in state)}
+    return {"parameters_bytes": sum(_local_bytes(p) for p in params),
+            "gradients_bytes": sum(_local_bytes(p) for p in params if p.requires_grad),
+            "optimizer_state_bytes": sum(_local_bytes(t) for t in state)}
+
+
+def _local_bytes(tensor: Any) -> int:
+    """Bytes of this rank's part of ``tensor`` (a DTensor's local shard)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
 
 
 def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules: list[Any],

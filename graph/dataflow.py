@@ -181,7 +181,8 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                                float(sizes.iloc[0]) if len(sizes) else float("nan"), group=str(nodes.at[send, "pg_name"]),
                                root=0 if a < b else 1))
     nodes, edges, table = decompose(nodes, edges, matched)
-    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "pg_name", "bytes", "events"]
+    keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "pg_name", "bytes", "events",
+            "hooks"]
     return DataflowGraph(text_as_categories(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
                                          .reset_index(drop=True)),
                          text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),

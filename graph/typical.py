@@ -28,7 +28,10 @@ NESTED_CALL_EDGES = ("launch", "enqueue")
 """Edges from a top-level op to what a call nested in it started: their lag runs from the op's
 end to the nested call's end (negative: the call returned before the op ended)."""
 NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "peer", "occurrence",
-                "nbytes", "events"]
+                "nbytes", "events", "hooks"]
+HOOK_PREFIXES = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::backward_prefetch for ")
+"""The FSDP hooks a top-level op runs (itself or nested in it), kept as its ``hooks``: where a
+unit's parameters are gathered and needed, for the what-ifs that change FSDP's settings."""
 
 
 @dataclass
@@ -207,6 +210,7 @@ def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd
     step_ns = float(np.median(step_durations))
     _mark_instances(template, kernels, instances[instances["step"] == template_step])
     template["events"] = _events_inside(template, inner)
+    template["hooks"] = _hooks_inside(template, inner)
     edges = _rank_edges(template, inner, kernels)
     # Where the typical step starts: the mean over every step used by any rank, so that the
     # ranks' starts compare even when each rank's typical steps are a different subset.
@@ -223,6 +227,22 @@ def _events_inside(nodes: pd.DataFrame, inner: pd.DataFrame) -> np.ndarray:
     paid the profiler's per-event cost inside the node's measured time); 0 on a GPU."""
     nested = inner.loc[inner["key"].isna(), "parent_key"].value_counts()  # top-level calls carry their own key
     return np.where(nodes["kind"] == "cpu", 1 + nodes["key"].map(nested).fillna(0).to_numpy(np.int64), 0)
+
+
+def _hooks_inside(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[str]:
+    """Per node, the names of the :data:`HOOK_PREFIXES` events it is or holds, ``;``-joined
+    (``""`` for none)."""
+    def hooks(names: pd.Series) -> pd.Series:
+        return names.astype(str)[names.astype(str).str.startswith(HOOK_PREFIXES)]
+
+    nested = inner[inner["key"].isna()] if "key" in inner else inner
+    found = hooks(nested["name"]).groupby(nested.loc[hooks(nested["name"]).index, "parent_key"]).agg(list)
+    own = hooks(nodes["name"])
+    out = []
+    for i, key in zip(nodes.index, nodes["key"]):
+        names = ([str(nodes.at[i, "name"])] if i in own.index else []) + list(found.get(key, []))
+        out.append(";".join(names))
+    return out
 
 
 def _wrap_gaps(per_step: list[tuple[int, pd.DataFrame, pd.DataFrame]], template: pd.DataFrame,

@@ -14,6 +14,10 @@ with what the strategy's settings change.
   activations) divided by ``K`` (after checkpointing's share, with both). Optimistic: what the
   step adds also holds temporaries and the optimizer's, which do not shrink with ``K``.
 - the bucket cap: the buckets hold the same gradients, cut differently; no change.
+- ``reshard_after_forward`` (FSDP2) other than recorded: kept after forward, the units' gathered
+  parameters stay from their forward to their backward, where resharded at most two are
+  gathered at once (the unit at work and the one prefetched): the step's peak grows (or
+  shrinks) by the units' unsharded bytes less twice the largest unit's.
 """
 
 from __future__ import annotations
@@ -31,11 +35,26 @@ FLOAT_BYTES = 4
 
 
 def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory],
-                          layout: dict[str, Any] | None) -> int | None:
-    """The most any rank needs under ``settings``, bytes; None where memory was not measured."""
+                          layout: dict[str, Any] | None, units: list[dict[str, Any]] | None = None) -> int | None:
+    """The most any rank needs under ``settings``, bytes; None where memory was not measured.
+    ``units``: the job's FSDP units (:class:`dpro.analysis.parallelism.Parallelism`), if any."""
     if not memory:
         return None
-    return max(_rank_bytes(settings, m, layout or {}) for m in memory.values())
+    return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, units or [])
+               for m in memory.values())
+
+
+def _reshard_bytes(settings: dict[str, Any], units: list[dict[str, Any]]) -> int:
+    """What ``reshard_after_forward`` adds to a rank's peak (negative: saves), against the units as recorded."""
+    reshard = settings.get("reshard_after_forward")
+    if reshard is None or not units:
+        return 0
+    recorded = all(u.get("reshard_after_forward") for u in units)
+    if reshard == recorded:
+        return 0
+    gathered = [int(u.get("unsharded_bytes") or 0) for u in units]
+    kept = max(0, sum(gathered) - 2 * max(gathered))
+    return -kept if reshard else kept
 
 
 def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:

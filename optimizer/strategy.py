@@ -26,6 +26,10 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   the summed gradients a step). The same batch, the same numbers (the loss divided by ``K``),
   except for a model whose layers mix the samples of a batch (BatchNorm's statistics). A change
   to the training loop ``--apply`` cannot make.
+- ``reshard_after_forward``: FSDP2's setting for every unit (``fully_shard(module,
+  reshard_after_forward=...)``): ``True`` frees each unit's gathered parameters after its
+  forward and gathers them again before its backward (less memory, one more all-gather per
+  unit); ``False`` keeps them. Exact; ``--apply`` sets it.
 - ``torch_compile``: ``True`` compiles the DDP module with ``torch.compile`` (TorchInductor
   fuses its ops; DDP's optimizer splits the graph at the buckets so that the all-reduces still
   overlap the backward pass). Exact up to float rounding (fused ops round once); a code change
@@ -48,7 +52,8 @@ __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
-            "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile")
+            "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
+            "reshard_after_forward")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -88,6 +93,9 @@ class Strategy:
             parts.append(f"accumulate-{self.settings['gradient_accumulation']}")
         if self.settings.get("torch_compile"):
             parts.append("torch-compile")
+        reshard = self.settings.get("reshard_after_forward")
+        if reshard is not None:
+            parts.append("reshard-after-forward" if reshard else "no-reshard-after-forward")
         return "+".join(parts) or "as-recorded"
 
     @property
@@ -108,7 +116,8 @@ class Strategy:
                       first_bucket_mb=self.settings.get("first_bucket_mb"), compress=compress,
                       recompute_forward=bool(self.settings.get("activation_checkpointing")) or None,
                       accumulate=self.settings.get("gradient_accumulation"),
-                      fuse_ops=self.settings.get("torch_compile"))
+                      fuse_ops=self.settings.get("torch_compile"),
+                      reshard_after_forward=self.settings.get("reshard_after_forward"))
 
     def code(self) -> list[str]:
         """The code change that makes the job run this strategy, one line each."""
@@ -128,6 +137,9 @@ class Strategy:
             lines.append(f"model = DistributedDataParallel(module, ..., {', '.join(arguments)})")
         if "first_bucket_mb" in self.settings and "bucket_cap_mb" not in self.settings:
             lines.append(f"# bucket_cap_mb_list's second cap: your bucket_cap_mb if you give one ({DEFAULT_BUCKET_CAP_MB} is DDP's default)")
+        if self.settings.get("reshard_after_forward") is not None:
+            lines.append(f"fully_shard(module, reshard_after_forward={self.settings['reshard_after_forward']})"
+                         "  # every unit, the root too")
         if self.settings.get("torch_compile"):
             lines.append("model = torch.compile(model)  # the DistributedDataParallel module, after DDP wraps it")
         hook = self.settings.get("comm_hook")
@@ -179,6 +191,9 @@ def validate(settings: dict[str, Any]) -> None:
     k = settings.get("gradient_accumulation")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 2):
         raise StrategyError(f"gradient_accumulation must be a number of micro-batches of 2 or more, not {k!r}")
+    reshard = settings.get("reshard_after_forward")
+    if reshard is not None and not isinstance(reshard, bool):
+        raise StrategyError(f"reshard_after_forward must be true or false, not {reshard!r}")
     for name in ("gradient_as_bucket_view", "static_graph", "torch_compile"):
         if settings.get(name) is not None and settings[name] is not True:
             raise StrategyError(f"{name} can only be true (the default is false), not {settings[name]!r}")

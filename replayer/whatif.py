@@ -276,6 +276,48 @@ class WhatIf:
             self._model_of.update({int(ids[v]): self._model_of[int(v)] for v in sends if int(v) in self._model_of})
         return [*range(first, first + count - 1), occurrence]
 
+    def add_collective(self, coll: str, occurrence: int, issuers: dict[int, int], users: dict[int, int]) -> int:
+        """A new collective like ``coll``'s ``occurrence`` (its arrivals, sends and ends, timed
+        for its bytes), issued on each rank by ``issuers[rank]`` and needed by ``users[rank]``
+        (node ids): FSDP's all-gather of a unit again before its backward pass. It has no other
+        inputs or users, and shares its links with no queue (an error toward too little
+        contention). Returns its occurrence."""
+        c = self._collective(coll, occurrence)
+        graph, edges = self.graph, self.edges
+        n = len(graph.nodes)
+        sends, done = np.asarray(c["sends"], np.int64), np.asarray(c["done"], np.int64)
+        arrivals = self._arrivals(c)
+        members = np.unique(np.concatenate([arrivals, sends, done]))
+        ids = np.full(n, -1, np.int64)
+        ids[members] = n + np.arange(len(members))
+        inside = ids >= 0
+        src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
+        internal = edges[inside[src] & inside[dst]]
+        new = int(graph.collectives.loc[graph.collectives["coll"] == coll, "occurrence"].max()) + 1
+        rank = graph.nodes["rank"].to_numpy()
+        arrival_of = {int(rank[a]): int(ids[a]) for a in arrivals}
+        done_of = dict(zip((int(r) for r in c["ranks"]), ids[done].tolist()))
+        issue = pd.DataFrame({"src": [issuers[r] for r in arrival_of], "dst": list(arrival_of.values()),
+                              "lag_ns": 0, "kind": "enqueue"})
+        need = pd.DataFrame({"src": [done_of[r] for r in users], "dst": list(users.values()), "lag_ns": 0,
+                             "kind": "wait"})
+        copies = graph.nodes.loc[members].assign(name=lambda f: f["name"].astype(str).str.replace(
+            f"{coll}#{occurrence}", f"{coll}#{new}", regex=False))
+        row = {**c.to_dict(), "occurrence": new, "sends": ids[sends].tolist(), "done": ids[done].tolist()}
+        self.graph = dataclasses.replace(graph, nodes=text_as_categories(pd.concat([graph.nodes, copies],
+                                                                                   ignore_index=True)),
+                                         collectives=pd.concat([graph.collectives, pd.DataFrame([row])],
+                                                               ignore_index=True))
+        self.edges = pd.concat([edges, internal.assign(src=ids[internal["src"].to_numpy()],
+                                                       dst=ids[internal["dst"].to_numpy()]), issue, need],
+                               ignore_index=True)
+        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded"):
+            values = getattr(self, name)
+            setattr(self, name, np.concatenate([values, values[members]]))
+        self._origin = np.concatenate([self._origin, self._origin[members]])
+        self._model_of.update({int(ids[v]): self._model_of[int(v)] for v in sends if int(v) in self._model_of})
+        return new
+
     def _arrivals(self, c: pd.Series) -> np.ndarray:
         """The ranks' arrivals at collective ``c`` (where each issued it)."""
         edges = self.edges

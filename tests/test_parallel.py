@@ -43,7 +43,8 @@ def pp_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Path:
-    return _record(tmp_path_factory, "fsdp", 2)
+    """FSDP2 with every unit kept gathered after forward: the memory-hungry setting."""
+    return _record(tmp_path_factory, "fsdp", 2, "--no-reshard")
 
 
 def test_a_2x2_mesh_is_recorded_and_each_collective_matched_within_its_own_group(tp_run: Path) -> None:
@@ -88,7 +89,11 @@ def test_pipeline_sends_are_paired_and_the_bubble_is_on_the_critical_path(pp_run
     assert set(on_path["rank"]) == {0, 1}, "stage 0's step waits for stage 1's backward"
     assert (on_path["kind"] == "transfer").any()
     parts = breakdown(graph, result, 0)
-    assert parts["waiting_ms"] > 0.2 * parts["span_ms"], parts  # the bubble: 2 stages, 4 micro-batches
+    # the bubble: stage 0 waits for stage 1's forward and backward passes ((2 - 1) / (4 + 2 - 1) of
+    # an ideal pipeline's step; less here, where part of it shows as the sends' own time)
+    assert parts["waiting_ms"] > 0.05 * parts["span_ms"], parts
+    names = on_path[on_path["rank"] == 1]["name"].astype(str)
+    assert names.str.startswith("Forward").any() and names.str.startswith("Backward").any(), "stage 1's passes"
     out = dpro("critical-path", pp_run)
     assert out.returncode == 0 and "pipeline bubble" in out.stdout and "ScheduleGPipe" in out.stdout
 
@@ -97,26 +102,56 @@ def test_fsdp_units_are_recorded_and_each_all_gather_feeds_its_unit(fsdp_run: Pa
     analysis = RunAnalysis.open(fsdp_run)
     units = analysis.parallelism.fsdp
     assert [u["module"] for u in units] == ["", "blocks.0", "blocks.1"]
-    assert all(u["reshard_after_forward"] for u in units)
+    assert not any(u["reshard_after_forward"] for u in units)
     for u in units:  # each rank holds half of each unit's parameters
         assert u["sharded_bytes"] == pytest.approx(u["unsharded_bytes"] / 2, rel=0.05)
+    memory = json.loads((fsdp_run / "ranks" / "0" / "meta.json").read_text())["memory"]
+    assert memory["parameters_bytes"] == sum(u["sharded_bytes"] for u in units), "the shards, not the whole model"
     graph = analysis.graph
     table = graph.collectives
     gathers = table[table["coll"].astype(str).str.contains("all_gather")]
-    assert len(gathers) >= 2 * len(units) - 1, "an all-gather before each unit's forward and backward"
+    assert len(gathers) == len(units), "kept after forward: one all-gather per unit, before its forward"
+    assert not table["bytes"].isna().any(), "sizes from the collective log"
     edges, nodes = graph.edges, graph.nodes
     for row in gathers.itertuples():
-        for done in row.done:  # the unit's compute waits for its parameters
+        for done in row.done:  # the unit's forward waits for its parameters
             out = edges[(edges["src"] == done) & (edges["kind"] == "wait")]
             assert len(out), f"{row.coll}#{row.occurrence} feeds no op"
-            assert (nodes.loc[out["dst"], "kind"] == "cpu").all()
-    assert not (table["bytes"].isna()).any(), "sizes from the collective log"
+            assert nodes.loc[out["dst"], "name"].astype(str).str.startswith("FSDP::pre_forward").all()
+
+
+def test_resharding_after_forward_is_predicted_and_fits_the_memory_budget_it_was_chosen_for(
+        fsdp_run: Path, tmp_path: Path) -> None:
+    whatif = dpro("whatif", fsdp_run, "--reshard-after-forward", "--json")
+    assert whatif.returncode == 0, whatif.stderr
+    predicted = json.loads(whatif.stdout)
+    assert predicted["fsdp"]["backward_all_gathers"] == 3, "each unit gathered again before its backward"
+    assert predicted["replayed_step_ms"] < predicted["unanchored_step_ms"], "three more all-gathers cost time"
+    from dpro.analysis.memory import rank_memory
+
+    recorded_peak = max(m.peak_bytes for m in rank_memory(RunAnalysis.open(fsdp_run)).values())
+    budget_gb = (recorded_peak - 1) / 1e9  # the recorded settings do not fit
+    out = tmp_path / "opt"
+    result = dpro("optimize", fsdp_run, "--memory-budget", f"{budget_gb:.9f}", "-o", out, timeout=600)
+    assert result.returncode == 0, result.stderr
+    strategy = json.loads((out / "strategy.json").read_text())
+    assert strategy["settings"] == {"reshard_after_forward": True}, result.stdout
+    applied = tmp_path / "applied"
+    ran = dpro("record", "--apply", out / "strategy.json", "-o", applied, "--skip", "3", "--warmup", "1", "--steps", "2",
+               "--no-calibrate", "--", *TORCHRUN, "--nproc-per-node=2", PARALLEL, "--form", "fsdp", *SMALL,
+               "--no-reshard", timeout=400)
+    assert ran.returncode == 0, ran.stderr
+    analysis = RunAnalysis.open(applied)
+    assert all(u["reshard_after_forward"] for u in analysis.parallelism.fsdp), "--apply set it, not the script"
+    measured_peak = max(m.peak_bytes for m in rank_memory(analysis).values())
+    assert measured_peak <= budget_gb * 1e9, (measured_peak, budget_gb)
 
 
 def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
     for run, option in ((fsdp_run, ["--bucket-cap-mb", "1"]), (fsdp_run, ["--world-size", "4"]),
                         (pp_run, ["--accumulate", "2"])):
         assert_one_line_error(dpro("whatif", run, *option), option[0], "data-parallel", "--bandwidth-scale")
+    assert_one_line_error(dpro("whatif", pp_run, "--no-reshard-after-forward"), "FSDP", "no fully_shard unit")
     ok = dpro("whatif", pp_run, "--bandwidth-scale", "0.5")
     assert ok.returncode == 0, ok.stderr
 

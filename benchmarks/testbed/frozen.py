@@ -29,7 +29,9 @@ MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpr
                  "benchmarks/fidelity.py", "benchmarks/testbed",
                  # and what dpro optimize adds on top: the search, its intervals, its trials, its harness
                  "optimizer", "optimizer/intervals.json", "dpro/cli/optimize.py", "benchmarks/optimize.py",
-                 "examples/train_lm.py")
+                 "examples/train_lm.py",
+                 # and the parallel forms: their description, their benchmark
+                 "dpro/analysis/parallelism.py", "benchmarks/parallel.py")
 
 
 def model_version(root: Path = ROOT) -> str:

@@ -15,6 +15,11 @@ parameter count and times). The DDP settings dpro's what-ifs change are flags: `
 ``--first-bucket-mb``, ``--comm-hook fp16|powersgd:RANK``, ``--accumulate K`` (the batch in ``K``
 micro-batches, DDP's ``no_sync`` on all but the last). ``--step-times PATH``: rank 0 writes each
 step's time there, so that a run is measured without any profiler or hook.
+
+``--form fsdp``: each layer and then the model under FSDP2's ``fully_shard`` (``--no-reshard``:
+``reshard_after_forward=False``) instead of DDP. ``--form pp``: the layers split into one stage
+per rank (as evenly as their held times allow), the batch in ``--microbatches`` micro-batches
+under ``--schedule gpipe|1f1b``; the last stage's loss is the output's sum.
 """
 
 from __future__ import annotations
@@ -106,6 +111,37 @@ def register_comm_hook(ddp: DistributedDataParallel, name: str) -> None:
         raise SystemExit(f"--comm-hook: {name!r} is not fp16 or powersgd:RANK")
 
 
+def build_fsdp(model: nn.Sequential, reshard: bool) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+    return model
+
+
+def stage_layers(spec: dict, stages: int) -> list[range]:
+    """Contiguous runs of layers, one per stage, whose held times are as even as a greedy cut makes them."""
+    times = [l["forward_fixed_us"] + l["forward_per_sample_us"] * spec["batch"] for l in spec["layers"]]
+    total, cuts, acc = sum(times), [0], 0.0
+    for i, t in enumerate(times):
+        acc += t
+        if len(cuts) < stages and acc >= total * len(cuts) / stages and len(times) - i - 1 >= stages - len(cuts):
+            cuts.append(i + 1)
+    cuts += [len(times)] * (stages + 1 - len(cuts))
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def build_pipeline(model: nn.Sequential, spec: dict, microbatches: int, schedule_name: str):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = stage_layers(spec, world)[rank]
+    stage = PipelineStage(nn.Sequential(*(model[i] for i in mine)), rank, world, torch.device("cpu"))
+    schedule_class = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
+    return stage.submod, schedule_class(stage, n_microbatches=microbatches, loss_fn=lambda out, _: out.sum())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="the job's JobSpec, as JSON text or a path to it")
@@ -117,6 +153,10 @@ def main() -> None:
     p.add_argument("--static-graph", action="store_true", help="DDP's static_graph")
     p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     p.add_argument("--step-times", metavar="PATH", help="rank 0 writes each step's time (ns) here, a line each")
+    p.add_argument("--form", choices=("ddp", "fsdp", "pp"), default="ddp")
+    p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
     args = p.parse_args()
     spec = json.loads(args.spec if args.spec.lstrip().startswith("{") else open(args.spec).read())
     if spec["batch"] % args.accumulate:
@@ -125,6 +165,9 @@ def main() -> None:
     torch.manual_seed(spec.get("seed", 0))
     torch.set_num_threads(1)
     model = build_model(spec)
+    if args.form != "ddp":
+        run_parallel(args, spec, model)
+        return
     options = {"bucket_cap_mb": args.bucket_cap_mb}
     if args.first_bucket_mb is not None:
         options = {"bucket_cap_mb_list": [args.first_bucket_mb, args.bucket_cap_mb]}
@@ -149,6 +192,41 @@ def main() -> None:
     # DDP's reducer sits in reference cycles: freed now, gloo's workers are joined before
     # interpreter shutdown (see examples/train_lm.py)
     del ddp, optimizer, model
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def run_parallel(args: argparse.Namespace, spec: dict, model: nn.Sequential) -> None:
+    """The FSDP or pipeline form of the job (see the module docstring)."""
+    rank = dist.get_rank()
+    batch = torch.randn(spec["batch"], WIDTH)
+    if args.form == "fsdp":
+        module = build_fsdp(model, not args.no_reshard)
+
+        def step() -> None:
+            module(batch).sum().backward()
+    else:
+        module, schedule = build_pipeline(model, spec, args.microbatches, args.schedule)
+        last = rank == dist.get_world_size() - 1
+
+        def step() -> None:
+            if rank == 0:
+                schedule.step(batch)
+            elif last:
+                schedule.step(target=batch)
+            else:
+                schedule.step()
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    ends = [time.perf_counter_ns()]
+    for _ in range(args.steps):
+        optimizer.zero_grad(set_to_none=False)
+        step()
+        optimizer.step()
+        ends.append(time.perf_counter_ns())
+    if args.step_times and rank == 0:
+        with open(args.step_times, "w") as f:
+            f.writelines(f"{b - a}\n" for a, b in zip(ends, ends[1:]))
+    del module, optimizer, model
     gc.collect()
     dist.destroy_process_group()
 

@@ -52,8 +52,17 @@ class Config:
     accumulate: int = 1
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
+    form: str = "ddp"  # ddp | fsdp | pp (job.py's --form)
+    reshard: bool = True  # fsdp: reshard_after_forward
+    microbatches: int = 4  # pp
+    schedule: str = "gpipe"  # pp: gpipe | 1f1b
 
     def argv(self, steps: int) -> list[str]:
+        if self.form != "ddp":
+            out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--form", self.form]
+            if self.form == "fsdp":
+                return out + ([] if self.reshard else ["--no-reshard"])
+            return out + ["--microbatches", str(self.microbatches), "--schedule", self.schedule]
         out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
         if self.first_bucket_mb is not None:
             out += ["--first-bucket-mb", str(self.first_bucket_mb)]

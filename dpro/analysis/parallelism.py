@@ -9,6 +9,7 @@ Read from the ranks' ``meta.json`` (``process_groups`` and ``parallel``, written
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,8 @@ class Parallelism:
         parts = []
         if self.fsdp:
             reshard = all(u.get("reshard_after_forward") for u in self.fsdp)
-            parts.append(f"FSDP2: {len(self.fsdp)} units over {self.fsdp[0].get('mesh_shape')} ranks"
+            ranks = math.prod(self.fsdp[0].get("mesh_shape") or [self.world_size])
+            parts.append(f"FSDP2: {len(self.fsdp)} units over {ranks} ranks"
                          f"{', resharded after forward' if reshard else ''}")
         if self.mesh and len(self.mesh["shape"]) > 1:
             names = self.mesh.get("dim_names") or [f"dim {i}" for i in range(len(self.mesh["shape"]))]

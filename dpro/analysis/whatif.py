@@ -74,6 +74,7 @@ import numpy as np
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
+from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
@@ -109,6 +110,7 @@ class Change:
     fuse_ops: bool | None = None
     scale_ops: str | None = None  # a regular expression on op names: their ops' durations times op_scale
     op_scale: float | None = None
+    reshard_after_forward: bool | None = None  # FSDP2's, for every unit
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True,
@@ -197,6 +199,8 @@ class Prediction:
             details["scaled_ops"] = _scale_ops(w, change.scale_ops or ".", change.op_scale)
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
+        if change.reshard_after_forward is not None:
+            details["fsdp"] = _reshard(w, analysis, change.reshard_after_forward)
         if change.bandwidth_scale is not None:
             w.set_link_bandwidth(change.bandwidth_scale)
         result = w.replay()
@@ -212,6 +216,93 @@ class Prediction:
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
                    **({"ranks_folded": w.folded} if model.fold else {}), "per_rank": per_rank}
         return cls(summary, replace(w.graph, edges=w.edges), result)
+
+
+def _reshard(w: WhatIf, analysis: RunAnalysis, reshard: bool) -> dict[str, Any]:
+    """FSDP2's ``reshard_after_forward`` for every unit. Kept unsharded after the forward pass,
+    a unit needs no all-gather before its backward: the all-gathers a rank issues after its
+    first backward op send nothing (each keeps its call's fixed cost; the copy out of the
+    gathered buffer, inside the unit's ops, stays too: the gain errs low)."""
+    units = analysis.parallelism.fsdp
+    if not units:
+        raise WhatIfError("--reshard-after-forward applies to FSDP jobs; this job has no fully_shard unit")
+    recorded = all(u.get("reshard_after_forward") for u in units)
+    if reshard == recorded:
+        return {"backward_all_gathers": 0, "note": "as recorded"}
+    if reshard:
+        return {"backward_all_gathers": _regather_in_backward(w)}
+    gone = _backward_all_gathers(w.graph)
+    for coll, k in gone:
+        w.set_collective_bytes(coll, k, 0.0)
+    return {"backward_all_gathers": len(gone)}
+
+
+def _regather_in_backward(w: WhatIf) -> int:
+    """Each unit gathered again before its backward pass, as FSDP2 does when it reshards after
+    forward: a copy of the unit's forward all-gather, issued where its backward prefetch runs
+    (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
+    pass; without one, the op before the unit's own pre-backward hook) and needed by the op that
+    runs the unit's ``FSDP::pre_backward`` hook. Units are found by the hooks the graph's ops
+    ran (``hooks``); how many were added."""
+    nodes = w.graph.nodes
+    hooks = nodes["hooks"].astype(object).fillna("").astype(str).str.split(";") if "hooks" in nodes else None
+    if hooks is None or not hooks.map(bool).any():
+        raise WhatIfError("this run's graph holds no FSDP hooks (recorded before dpro kept them): re-record it")
+    where: dict[tuple[str, str], dict[int, int]] = {}  # (hook, unit) -> rank -> node, the first per rank
+    rank = nodes["rank"].to_numpy()
+    for v in np.argsort(nodes["offset_ns"].to_numpy(), kind="stable"):
+        for hook in hooks.iat[v]:
+            for prefix, kind in (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
+                                 ("FSDP::backward_prefetch for ", "prefetch")):
+                if hook.startswith(prefix):
+                    unit = hook[len(prefix):].strip().strip("()")
+                    where.setdefault((kind, unit), {}).setdefault(int(rank[v]), int(v))
+    issued_by = {}
+    enqueue = w.edges[w.edges["kind"] == "enqueue"]
+    for row in w.graph.collectives.itertuples():
+        if collective_family(str(row.coll)) == "all_gather":
+            arrivals = w._arrivals(w.graph.collectives.loc[row.Index])
+            for src in enqueue[enqueue["dst"].isin(arrivals)]["src"]:
+                issued_by[int(src)] = (str(row.coll), int(row.occurrence))
+    added = 0
+    previous = _previous_on_queue(w)
+    for (kind, unit), heads in list(where.items()):
+        if kind != "forward":
+            continue
+        gather = next((issued_by[v] for v in heads.values() if v in issued_by), None)
+        users = where.get(("backward", unit))
+        if gather is None or not users:
+            continue
+        prefetch = where.get(("prefetch", unit), {})
+        issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}
+        if any(v is None or v == users[r] for r, v in issuers.items()):
+            continue
+        w.add_collective(*gather, issuers=issuers, users=users)
+        added += 1
+    return added
+
+
+def _previous_on_queue(w: WhatIf) -> dict[int, int]:
+    """Each node's predecessor on its thread or stream (program order)."""
+    order = w.edges[w.edges["kind"] == "order"]
+    return dict(zip(order["dst"].astype(int), order["src"].astype(int)))
+
+
+def _backward_all_gathers(graph: DataflowGraph) -> list[tuple[str, int]]:
+    """The all-gathers every rank issued after its first backward op (FSDP's before a unit's backward)."""
+    nodes = graph.nodes
+    names = nodes["name"].astype(str)
+    backward = nodes[names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy() & (nodes["kind"] == "cpu").to_numpy()]
+    first = backward.groupby("rank")["offset_ns"].min()
+    out = []
+    offsets, ranks = nodes["offset_ns"].to_numpy(), nodes["rank"].to_numpy()
+    for row in graph.collectives.itertuples():
+        if collective_family(str(row.coll)) != "all_gather" or not len(row.done):
+            continue
+        sends_start = [offsets[s] for s in row.sends] or [offsets[d] for d in row.done]
+        if all(r in first.index and min(sends_start) >= first[r] for r in row.ranks):
+            out.append((str(row.coll), int(row.occurrence)))
+    return out
 
 
 def _scale_ops(w: WhatIf, pattern: str, factor: float) -> int:
@@ -396,7 +487,7 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)]
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
-                        "only --bandwidth-scale applies to it")
+                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward apply to it")
 
 
 def _layout(analysis: RunAnalysis) -> dict[str, Any]:

@@ -45,12 +45,15 @@ class Compression(click.ParamType):
               help="The same data-parallel job over N ranks (per-rank batch fixed).")
 @click.option("--ranks-per-host", type=click.IntRange(min=1), metavar="R",
               help="With --world-size: ranks sharing a host (default: as recorded).")
+@click.option("--reshard-after-forward/--no-reshard-after-forward", default=None,
+              help="FSDP2: every unit resharded after its forward pass, or kept gathered until its backward.")
 @click.option("--no-interference", is_flag=True,
               help="Ops keep their recorded durations whatever their overlap with communication.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
-           accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, no_interference: bool, as_json: bool,
+           accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, reshard_after_forward: bool | None,
+           no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -59,10 +62,10 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
         raise click.UsageError("--ranks-per-host goes with --world-size")
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
-                    fuse_ops=fuse_ops or None)
+                    fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
-                               "--compress, --accumulate, --fuse-ops or --world-size")
+                               "--compress, --accumulate, --fuse-ops, --world-size or --[no-]reshard-after-forward")
     result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))
