@@ -18,7 +18,7 @@ from dpro.cli.options import table
 BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
               "benchmarks.replay_speed", "benchmarks.run_model", "benchmarks.localization",
               "benchmarks.testbed", "benchmarks.fidelity", "benchmarks.fidelity_real", "benchmarks.whatif_fold",
-              "benchmarks.optimize", "benchmarks.dashboard", "benchmarks.health", "benchmarks.health_localization")
+              "benchmarks.optimize", "benchmarks.parallel", "benchmarks.dashboard", "benchmarks.health", "benchmarks.health_localization")
 
 
 def format_table(rows: list[dict]) -> str:

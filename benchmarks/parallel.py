@@ -22,12 +22,18 @@ Goals (issue 28): replay as recorded within 5%; what-if mean |error| <= 5%, max 
 most half of no change's error wherever the true change is >= 10%; the memory estimate within
 10% of the measured peak (the allocator's events of the target's own recording).
 
+``--examples``: the bundled example jobs (``examples/train_parallel.py``: FSDP2 on 2 ranks, tensor
+parallel with data parallel on a 2×2 mesh, a 2-stage pipeline), real models on the CPU over
+loopback, measured the same way (interleaved, repeated) and recorded once each: their replay as
+recorded is scored against their own noise floor (goal: within it + 5%).
+
 Seeds: :data:`TUNING_SEED` was looked at while the model was shaped; a scoring seed is given
 with ``--seed`` once the model is committed, used once, and the output names the commit and the
 model's hash (:func:`benchmarks.testbed.frozen.model_version`).
 
     python -m benchmarks.parallel --seed TUNING          # the tuning seed
     python -m benchmarks.parallel --seed 4242 --json out.json
+    python -m benchmarks.parallel --examples
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.testbed import frozen
-from benchmarks.testbed.protocol import Config, Testbed, interleaved, spread_pct
+from benchmarks.testbed.protocol import Config, LocalJob, Testbed, interleaved, spread_pct
 from benchmarks.testbed.spec import draw_job
 from dpro.cli.options import table
 
@@ -52,6 +58,10 @@ REPEATS = 3
 JOBS = 2  # per seed
 RATE_MBIT = 300
 GOAL_REPLAY, GOAL_MEAN, GOAL_MAX = 5.0, 5.0, 10.0
+EXAMPLE = str(frozen.ROOT / "examples" / "train_parallel.py")
+EXAMPLES = (LocalJob("example-fsdp", (EXAMPLE, "--form", "fsdp", "--steps", "30"), 2),
+            LocalJob("example-tp", (EXAMPLE, "--form", "tp", "--tp", "2", "--steps", "30"), 4),
+            LocalJob("example-pp", (EXAMPLE, "--form", "pp", "--microbatches", "4", "--steps", "30"), 2))
 
 
 @dataclass(frozen=True)
@@ -78,21 +88,31 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
 
 
 def run_seed(testbed: Testbed, seed: int, jobs: int, root: Path, repeats: int = REPEATS) -> dict:
-    from dpro.analysis import RunAnalysis
-    from dpro.analysis.memory import rank_memory
-    from dpro.analysis.whatif import Change, predict
-    from dpro.optimizer.memory import strategy_memory_bytes
+    configs, cases = seed_cases(seed, jobs)
+    sources = sorted({c.source for c in cases} | {c.target for c in cases if "reshard_after_forward" in c.change})
+    measured = interleaved(testbed, configs, repeats, seed, record_into=root, sources=sources)
+    return score(seed, root, measured, cases)
 
+
+def seed_cases(seed: int, jobs: int) -> tuple[list[Config], list[Case]]:
     configs, cases = [], []
     for i in range(jobs):
         c, k = job_configs(seed, i)
         configs += c
         cases += k
-    sources = sorted({c.source for c in cases} | {c.target for c in cases if "reshard_after_forward" in c.change})
-    measured = interleaved(testbed, configs, repeats, seed, record_into=root, sources=sources)
+    return configs, cases
+
+
+def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[Case]) -> dict:
+    """The replays and what-ifs of the runs recorded in ``root`` against ``measured``."""
+    from dpro.analysis import RunAnalysis
+    from dpro.analysis.memory import rank_memory
+    from dpro.analysis.whatif import Change, predict
+    from dpro.optimizer.memory import strategy_memory_bytes
+
     median = {name: float(np.median(m)) for name, m in measured.items()}
     replays, scored = [], []
-    for name in sources:
+    for name in sorted(p.name for p in root.iterdir() if p.is_dir()):
         analysis = RunAnalysis.open(root / name)
         predicted = float(np.mean(list(analysis.replay().step_ns.values()))) / 1e6
         replays.append({"source": name, "measured_ms": median[name], "replayed_ms": predicted,
@@ -119,6 +139,34 @@ def run_seed(testbed: Testbed, seed: int, jobs: int, root: Path, repeats: int = 
                                "memory_no_change_pct": 100 * (recorded / peak - 1)})
     return {"seed": seed, "noise": {n: spread_pct(m) for n, m in measured.items()}, "measured": measured,
             "replays": replays, "cases": scored}
+
+
+def run_examples(root: Path, repeats: int = REPEATS, seed: int = 0) -> list[dict]:
+    """The example jobs measured interleaved and recorded once each; their replay as recorded."""
+    from dpro.analysis import RunAnalysis
+
+    with Testbed() as testbed:
+        measured = interleaved(testbed, EXAMPLES, repeats, seed)
+    rows = []
+    for job in EXAMPLES:
+        run = root / job.name
+        subprocess.run([sys.executable, "-m", "dpro", "record", "-o", str(run), "--", sys.executable, "-m",
+                        "torch.distributed.run", "--standalone", f"--nproc-per-node={job.ranks}", *job.argv],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+        analysis = RunAnalysis.open(run)
+        replayed = float(np.mean(list(analysis.replay().step_ns.values()))) / 1e6
+        median = float(np.median(measured[job.name]))
+        noise = spread_pct(measured[job.name])
+        error = 100 * (replayed / median - 1)
+        rows.append({"benchmark": "parallel", "case": job.name, "metric": "replay as recorded: |error| % "
+                     "(baseline: the noise floor, spread % of its repeated runs)", "dpro": abs(error),
+                     "baseline": noise, "ratio": abs(error) / noise if noise else float("inf"),
+                     "goal": f"<= noise + {GOAL_REPLAY:g}", "met": abs(error) <= noise + GOAL_REPLAY,
+                     "measured_ms": measured[job.name], "replayed_ms": replayed,
+                     "form": analysis.parallelism.describe()})
+        print(f"{job.name}: {analysis.parallelism.describe()}; measured {' '.join(f'{x:.1f}' for x in measured[job.name])}"
+              f" ms (spread {noise:.1f}%), replayed {replayed:.1f} ms ({error:+.1f}%)", flush=True)
+    return rows
 
 
 def summary(result: dict, label: str) -> list[dict]:
@@ -172,7 +220,13 @@ def print_seed(result: dict) -> None:
              f"{c['memory_error_pct']:+.1f}", f"{c['memory_no_change_pct']:+.1f}") for c in memory]))
 
 
-def run(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[list[dict], dict]:
+def run(quick: bool = False) -> list[dict]:
+    """``python -m benchmarks parallel``: the tuning seed on the testbed, then the example jobs."""
+    rows, _ = run_testbed(TUNING_SEED, 1 if quick else JOBS)
+    return rows + run_examples(Path(tempfile.mkdtemp(prefix="dpro-parallel-examples-")))
+
+
+def run_testbed(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[list[dict], dict]:
     from dpro.testing.netns import can_build_namespaces
 
     reason = can_build_namespaces()
@@ -196,16 +250,45 @@ def run(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[list[dic
                                     "uncommitted": bool(dirty), "label": label}
 
 
+def format_table_rows(rows: list[dict]) -> str:
+    from benchmarks.__main__ import format_table
+
+    return format_table(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.parallel", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=TUNING_SEED)
     parser.add_argument("--jobs", type=int, default=JOBS)
     parser.add_argument("--keep", type=Path, help="record into this folder")
     parser.add_argument("--json", type=Path, help="also write the summary rows (and the cases) as JSON")
+    parser.add_argument("--examples", action="store_true", help="the bundled example jobs instead of the testbed's")
+    parser.add_argument("--rescore", type=Path, metavar="JSON",
+                        help="score the runs kept in --keep against the measurements of an earlier --json, with "
+                             "the model as it is now (its output says so: the runs were not measured with it)")
     args = parser.parse_args(argv)
+    if args.rescore:
+        earlier = json.loads(args.rescore.read_text())["result"]
+        _, cases = seed_cases(earlier["seed"], args.jobs)
+        result = score(earlier["seed"], args.keep, earlier["measured"], cases)
+        print_seed(result)
+        print(f"\nrescored: measured and recorded with commit {earlier['commit']}, scored with the model now "
+              f"(hash {frozen.model_version()})")
+        rows = summary(result, "rescored")
+        print(format_table_rows(rows))
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows, "result": {**result, "rescored_from": earlier["commit"],
+                                                                      "model": frozen.model_version()}}, indent=1))
+        return 0
     from benchmarks.__main__ import format_table
 
-    rows, result = run(args.seed, args.jobs, args.keep)
+    if args.examples:
+        rows = run_examples(args.keep or Path(tempfile.mkdtemp(prefix="dpro-parallel-examples-")))
+        print(format_table(rows))
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows}, indent=1))
+        return 0
+    rows, result = run_testbed(args.seed, args.jobs, args.keep)
     print(format_table(rows))
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "result": result}, indent=1))

@@ -84,7 +84,7 @@ def _fsdp_units(modules: list[Any]) -> list[dict[str, Any]]:
             "parameters": len(params),
             "unsharded_bytes": sum(_numel(p._orig_size) * p.sharded_param.element_size() for p in params),
             "sharded_bytes": sum(_local(p.sharded_param).numel() * p.sharded_param.element_size() for p in params),
-            "reshard_after_forward": bool(group is not None and group.post_forward_mesh_info is not None),
+            "reshard_after_forward": None if group is None else group.post_forward_mesh_info is not None,
             "forward_prefetch": _unit_names(getattr(state, "_states_to_forward_prefetch", None), names),
             "backward_prefetch": _unit_names(getattr(state, "_states_to_backward_prefetch", None), names),
             "shard_group": _group_name(mesh_info),

@@ -91,8 +91,10 @@ class RunView:
         return self
 
     def label(self, rank: int) -> str:
+        """``rank 3 (host)``, with its place in the device mesh where the job has one (``dp 1 · tp 1``)."""
         host = self.analysis.hosts.get(rank)
-        return f"rank {rank} ({host})" if host else f"rank {rank}"
+        where = self.analysis.parallelism.coordinate(rank)
+        return f"rank {rank}" + (f" ({host})" if host else "") + (f" {where}" if where else "")
 
     @property
     def has_replay(self) -> bool:

@@ -127,8 +127,9 @@ def build_lanes(analysis: RunAnalysis) -> Lanes:
     ptr = np.searchsorted(lane, np.arange(len(keys) + 1)).astype(np.int64)
     codes, names = pd.factorize(ops["name"].to_numpy(object)[order])
     reach, depth = _reach_and_depth(ptr, start, end)
-    hosts = analysis.hosts
-    labels = [f"rank {r}{f' ({hosts[r]})' if hosts.get(r) else ''} · {'gpu stream' if g else 'cpu'} {t}"
+    hosts, mesh = analysis.hosts, analysis.parallelism
+    labels = [f"rank {r}{f' ({hosts[r]})' if hosts.get(r) else ''}"
+              f"{f' [{mesh.coordinate(r)}]' if mesh.coordinate(r) else ''} · {'gpu stream' if g else 'cpu'} {t}"
               for r, g, t in keys[["rank", "gpu", "thread"]].itertuples(index=False)]
     step_table = pd.concat(steps, ignore_index=True) if steps else pd.DataFrame(columns=["rank", "step", "start", "end"])
     step_table[["start", "end"]] -= origin

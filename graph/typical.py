@@ -110,23 +110,46 @@ AWAITED_FAMILIES = frozenset({"recv", "all_gather"})
 stage's receive, FSDP's all-gather before a unit's forward and backward."""
 
 
+FSDP_REDUCE_PREFIX = "FSDP::post_backward_reduce"
+"""FSDP's reduce-scatter of a unit's gradients: issued and, on gloo, waited for inside this range."""
+
+
 def _awaited_ends(ev: pd.DataFrame) -> dict[int, np.ndarray]:
-    """Per thread, when the step's instances of :data:`AWAITED_FAMILIES` it issued ended, sorted;
+    """Per thread, when the step's instances of :data:`AWAITED_FAMILIES` it issued ended, sorted,
+    and of the reduce-scatters (all-reduces, on gloo) FSDP issued in its post-backward reduce;
     only those the collective log labelled (it pairs each with its enqueue call)."""
     if "logged" not in ev:
         return {}
     logged = ev[ev["logged"].to_numpy(bool) & ev["coll_name"].notna().to_numpy()]
-    family = logged["coll_name"].astype(str).map(collective_family)
-    logged = logged[family.isin(AWAITED_FAMILIES).to_numpy()]
-    calls = logged["name"].astype(str).str.startswith("c10d::").to_numpy()
-    issuer = dict(zip(zip(logged["pg_name"].astype(str)[calls], logged["seq"][calls]), logged["tid"][calls]))
-    work = logged[~calls]
+    is_call = logged["name"].astype(str).str.startswith("c10d::").to_numpy()
+    calls, work = logged[is_call], logged[~is_call]
+    family = calls["coll_name"].astype(str).map(collective_family)
+    reduces = ev[ev["name"].astype(str).str.startswith(FSDP_REDUCE_PREFIX)]
+    calls = calls[family.isin(AWAITED_FAMILIES).to_numpy()
+                  | (family.isin(GRADIENT_FAMILIES).to_numpy() & _inside(calls, reduces))]
+    issuer = dict(zip(zip(calls["pg_name"].astype(str), calls["seq"]), calls["tid"]))
     ends: dict[int, list[int]] = {}
     for g, q, start, dur in zip(work["pg_name"].astype(str), work["seq"], work["start_ns"], work["dur_ns"]):
         tid = issuer.get((g, q))
         if tid is not None:
             ends.setdefault(int(tid), []).append(int(start + dur))
     return {tid: np.sort(np.array(e, np.int64)) for tid, e in ends.items()}
+
+
+def _inside(events: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
+    """Mask of ``events`` whose start lies inside one of ``ranges`` on the same thread."""
+    out = np.zeros(len(events), bool)
+    if ranges.empty:
+        return out
+    for tid, spans in ranges.groupby("tid"):
+        mine = (events["tid"] == tid).to_numpy()
+        start = events["start_ns"].to_numpy()[mine]
+        a = spans["start_ns"].to_numpy()
+        b = a + spans["dur_ns"].to_numpy()
+        i = np.searchsorted(np.sort(a), start, "right") - 1
+        order = np.argsort(a)
+        out[np.flatnonzero(mine)] = (i >= 0) & (start <= b[order][np.maximum(i, 0)])
+    return out
 
 
 def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarray) -> pd.DataFrame:

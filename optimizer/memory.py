@@ -49,6 +49,9 @@ def _reshard_bytes(settings: dict[str, Any], units: list[dict[str, Any]]) -> int
     reshard = settings.get("reshard_after_forward")
     if reshard is None or not units:
         return 0
+    units = [u for u in units if u.get("parameters")]  # a unit of no parameters of its own gathers nothing
+    if not units:
+        return 0
     recorded = all(u.get("reshard_after_forward") for u in units)
     if reshard == recorded:
         return 0

@@ -171,3 +171,21 @@ def test_an_op_that_sat_waiting_for_a_transfer_is_cut_at_the_wait() -> None:
     assert list(cut["start_ns"]) == [0, 8_000_000] and list(cut["dur_ns"]) == [150_000, 2_000_000]
     busy = pd.DataFrame({"start_ns": [100_000, 7_800_000], "dur_ns": [7_650_000, 1_000_000]})
     assert len(_split_at_waits(op, busy, np.array([7_900_000]))) == 1, "no idle stretch before the end: no wait"
+
+
+def test_the_dashboard_shows_the_mesh_and_the_pipeline(browser, tp_run: Path, pp_run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from dpro.testing.browser import start_dashboard
+
+    server, url = start_dashboard(str(tp_run), str(pp_run))
+    try:
+        browser.get(url + "/timeline")
+        WebDriverWait(browser, 120).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#timeline .barlayer .point"))
+        ticks = " ".join(t.text for t in browser.find_elements(By.CSS_SELECTOR, "#timeline .ytick text"))
+        assert "[dp 1 · tp 0]" in ticks, ticks  # rank 2's lane, at its place in the 2×2 mesh
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

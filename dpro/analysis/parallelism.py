@@ -60,11 +60,29 @@ class Parallelism:
             return f"pipeline (group {pg_name})"
         return f"{desc} (group {pg_name})" if desc else f"group {pg_name}"
 
+    @property
+    def fsdp_reshard(self) -> bool | None:
+        """Whether every FSDP unit that holds parameters reshards after forward; None without FSDP."""
+        flags = [bool(u.get("reshard_after_forward")) for u in self.fsdp if u.get("parameters")]
+        return all(flags) if flags else None
+
+    def coordinate(self, rank: int) -> str:
+        """The rank's place in the device mesh (``"dp 0 · tp 1"``), ``""`` without a mesh of 2 or more dimensions."""
+        if not self.mesh or len(self.mesh["shape"]) < 2:
+            return ""
+        import numpy as np
+
+        at = np.argwhere(np.asarray(self.mesh["ranks"]) == rank)
+        if not len(at):
+            return ""
+        names = self.mesh.get("dim_names") or [f"dim {i}" for i in range(len(self.mesh["shape"]))]
+        return " · ".join(f"{n} {int(i)}" for n, i in zip(names, at[0]))
+
     def describe(self) -> str:
         """One line: the parallel forms of the job."""
         parts = []
         if self.fsdp:
-            reshard = all(u.get("reshard_after_forward") for u in self.fsdp)
+            reshard = self.fsdp_reshard
             ranks = math.prod(self.fsdp[0].get("mesh_shape") or [self.world_size])
             parts.append(f"FSDP2: {len(self.fsdp)} units over {ranks} ranks"
                          f"{', resharded after forward' if reshard else ''}")

@@ -226,7 +226,7 @@ def _reshard(w: WhatIf, analysis: RunAnalysis, reshard: bool) -> dict[str, Any]:
     units = analysis.parallelism.fsdp
     if not units:
         raise WhatIfError("--reshard-after-forward applies to FSDP jobs; this job has no fully_shard unit")
-    recorded = all(u.get("reshard_after_forward") for u in units)
+    recorded = analysis.parallelism.fsdp_reshard
     if reshard == recorded:
         return {"backward_all_gathers": 0, "note": "as recorded"}
     if reshard:

@@ -20,5 +20,5 @@ def fsdp_reshard(analysis: RunAnalysis) -> Proposals:
     units = analysis.parallelism.fsdp
     if not units:
         return Proposals(why="the job has no FSDP2 unit")
-    recorded = all(u.get("reshard_after_forward") for u in units)
+    recorded = analysis.parallelism.fsdp_reshard
     return Proposals([{"reshard_after_forward": not recorded}])
