@@ -382,11 +382,12 @@ def _on_torch_imported(torch: Any) -> None:
             from torch.nn.parallel import DistributedDataParallel
 
             if rec.applier is not None:
-                try:
-                    rec.applier.install(DistributedDataParallel, rec.log_error)
-                    rec.applier.install_fsdp(rec.log_error)
-                except Exception as e:  # the job runs as written; dpro records on
-                    rec.log_error("applying the strategy (dpro record --apply)", e)
+                for install in (lambda: rec.applier.install(DistributedDataParallel, rec.log_error),
+                                lambda: rec.applier.install_fsdp(rec.log_error)):
+                    try:
+                        install()
+                    except Exception as e:  # the job runs as written; dpro records on
+                        rec.log_error("applying the strategy (dpro record --apply)", e)
             _wrap_after(DistributedDataParallel, "__init__", lambda ddp, *a: _on_ddp_created(ddp))
         atexit.register(_at_exit)
     except Exception as e:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import does_work, has_collective_kernels, is_p2p, number
-from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_FAMILIES, SYNC_NAMES,
+from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_FAMILIES, SYNC_NAMES, is_enqueue_call,
                                    collective_family)
 
 __all__ = ["NESTED_CALL_EDGES", "NODE_COLUMNS", "RankStep", "typical_step"]
@@ -71,7 +71,7 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
     parts, inner = [], []
     # gloo's sends and receives: their work spans the wait on the thread that issued them,
     # overlapping its next ops, so they queue apart, as other collectives' worker threads do
-    p2p = cpu[is_p2p(cpu) & ~cpu["name"].astype(str).str.startswith("c10d::")]
+    p2p = cpu[is_p2p(cpu) & ~cpu["name"].astype(str).map(is_enqueue_call).to_numpy(bool)]
     cpu = cpu.drop(index=p2p.index)
     for tid, queue in p2p.groupby("tid", sort=True):
         parts.append(queue.sort_values("start_ns").assign(kind="cpu", resource=f"cpu/{tid}/p2p"))
@@ -157,7 +157,7 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
     its ends, :func:`_awaited_ends`):
     an op with no nested call running for :data:`NESTED_WAIT_NS` up to the transfer's end
     becomes its head (to the last call before the wait) and its tail (from the first call
-    after), so that the wait is an edge of the graph, not compute. The tail keeps the name."""
+    after), so that the wait is an edge of the graph, not compute. Both pieces keep the op's name."""
     if not len(awaited) or tops.empty:
         return tops
     n_start = nested["start_ns"].to_numpy(np.int64)
@@ -202,9 +202,10 @@ def _signature(nodes: pd.DataFrame) -> tuple:
         logged = nodes["logged"].to_numpy(bool) & nodes["coll_name"].notna().to_numpy()
         if logged.any():
             seq = nodes["seq"].to_numpy(np.int64)
-            groups = nodes["pg_name"].astype(object).fillna("").astype(str)
-            first = pd.Series(np.where(logged, seq, np.iinfo(np.int64).max)).groupby(groups.to_numpy()).transform("min")
-            which = np.where(logged, seq - first.to_numpy(), -1)
+            sends = seq < -1  # a send's seq is its log index, negated: numbered apart from the collectives
+            keys = nodes["pg_name"].astype(object).fillna("").astype(str).to_numpy() + np.where(sends, "/p2p", "")
+            first = pd.Series(np.where(logged, seq, np.iinfo(np.int64).max)).groupby(keys).transform("min")
+            which = np.where(logged, np.abs(seq - first.to_numpy()), -1)
     return tuple(zip(nodes["resource"], nodes["name"].astype(str), which.tolist()))
 
 

@@ -52,7 +52,8 @@ def _reshard_bytes(settings: dict[str, Any], units: list[dict[str, Any]]) -> int
     units = [u for u in units if u.get("parameters")]  # a unit of no parameters of its own gathers nothing
     if not units:
         return 0
-    recorded = all(u.get("reshard_after_forward") for u in units)
+    inner = [u for u in units if not u.get("root")] or units  # as dpro.analysis.parallelism decides it
+    recorded = all(u.get("reshard_after_forward") for u in inner)
     if reshard == recorded:
         return 0
     gathered = [int(u.get("unsharded_bytes") or 0) for u in units]

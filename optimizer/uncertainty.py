@@ -23,7 +23,7 @@ from dpro.optimizer.strategy import Strategy
 __all__ = ["Interval", "interval", "intervals_source", "families_of"]
 
 KEPT_AS_RECORDED = ("gradient_as_bucket_view", "static_graph")  # the cost model keeps the step as recorded
-UNSCORED = ("activation_checkpointing", "torch_compile", "reshard_after_forward")  # no held-out case in the intervals' table
+UNSCORED = ("activation_checkpointing", "torch_compile")  # no held-out case in the intervals' table
 LOWEST_ERROR = -0.9  # a sum of errors below this would stand for an unbounded step
 
 
@@ -54,8 +54,7 @@ def intervals_source() -> dict[str, Any]:
 def families_of(strategy: Strategy) -> tuple[str, ...] | None:
     """The fidelity benchmark's families a strategy's settings fall in; None: one is unscored."""
     settings = strategy.settings
-    if any(settings.get(name) is not None and settings.get(name) is not False for name in UNSCORED) \
-            or settings.get("reshard_after_forward") is not None:
+    if any(settings.get(name) for name in UNSCORED) or settings.get("reshard_after_forward") is not None:
         return None
     families = []
     if "bucket_cap_mb" in settings:

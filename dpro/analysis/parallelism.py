@@ -62,9 +62,12 @@ class Parallelism:
 
     @property
     def fsdp_reshard(self) -> bool | None:
-        """Whether every FSDP unit that holds parameters reshards after forward; None without FSDP."""
-        flags = [bool(u.get("reshard_after_forward")) for u in self.fsdp if u.get("parameters")]
-        return all(flags) if flags else None
+        """Whether the FSDP units that hold parameters reshard after forward; None without FSDP.
+        The root unit decides only alone: FSDP2 keeps the root gathered when the script leaves
+        the setting to its default (torch 2.13's heuristic), whatever the other units do."""
+        units = [u for u in self.fsdp if u.get("parameters")]
+        inner = [u for u in units if not u.get("root")] or units
+        return all(bool(u.get("reshard_after_forward")) for u in inner) if inner else None
 
     def coordinate(self, rank: int) -> str:
         """The rank's place in the device mesh (``"dp 0 · tp 1"``), ``""`` without a mesh of 2 or more dimensions."""

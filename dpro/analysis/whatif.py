@@ -229,9 +229,16 @@ def _reshard(w: WhatIf, analysis: RunAnalysis, reshard: bool) -> dict[str, Any]:
     recorded = analysis.parallelism.fsdp_reshard
     if reshard == recorded:
         return {"backward_all_gathers": 0, "note": "as recorded"}
+    groups = {str(u.get("shard_group")) for u in units if u.get("parameters")}
+    if len(groups) != 1:
+        raise WhatIfError("--reshard-after-forward is modelled for FSDP over one process group; this job's units "
+                          f"shard over {len(groups)} ({', '.join(sorted(groups))})")
     if reshard:
-        return {"backward_all_gathers": _regather_in_backward(w)}
-    gone = _backward_all_gathers(w.graph)
+        added = _regather_in_backward(w)
+        if not added:
+            raise WhatIfError("no FSDP unit's forward all-gather and pre-backward hook were found in this run's graph")
+        return {"backward_all_gathers": added}
+    gone = _backward_all_gathers(w.graph, groups.pop())
     for coll, k in gone:
         w.set_collective_bytes(coll, k, 0.0)
     return {"backward_all_gathers": len(gone)}
@@ -246,8 +253,8 @@ def _regather_in_backward(w: WhatIf) -> int:
     ran (``hooks``); how many were added."""
     nodes = w.graph.nodes
     hooks = nodes["hooks"].astype(object).fillna("").astype(str).str.split(";") if "hooks" in nodes else None
-    if hooks is None or not hooks.map(bool).any():
-        raise WhatIfError("this run's graph holds no FSDP hooks (recorded before dpro kept them): re-record it")
+    if hooks is None or not hooks.map(lambda names: any(names)).any():
+        raise WhatIfError("this run's graph holds no FSDP pre-forward or pre-backward hook (torch's FSDP::* ranges)")
     where: dict[tuple[str, str], dict[int, int]] = {}  # (hook, unit) -> rank -> node, the first per rank
     rank = nodes["rank"].to_numpy()
     for v in np.argsort(nodes["offset_ns"].to_numpy(), kind="stable"):
@@ -271,7 +278,7 @@ def _regather_in_backward(w: WhatIf) -> int:
             continue
         gather = next((issued_by[v] for v in heads.values() if v in issued_by), None)
         users = where.get(("backward", unit))
-        if gather is None or not users:
+        if gather is None or not users or set(users) != set(w._collective(*gather)["ranks"]):
             continue
         prefetch = where.get(("prefetch", unit), {})
         issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}
@@ -288,8 +295,9 @@ def _previous_on_queue(w: WhatIf) -> dict[int, int]:
     return dict(zip(order["dst"].astype(int), order["src"].astype(int)))
 
 
-def _backward_all_gathers(graph: DataflowGraph) -> list[tuple[str, int]]:
-    """The all-gathers every rank issued after its first backward op (FSDP's before a unit's backward)."""
+def _backward_all_gathers(graph: DataflowGraph, group: str) -> list[tuple[str, int]]:
+    """The all-gathers of ``group`` every rank issued after its first backward op (FSDP's before
+    a unit's backward)."""
     nodes = graph.nodes
     names = nodes["name"].astype(str)
     backward = nodes[names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy() & (nodes["kind"] == "cpu").to_numpy()]
@@ -297,7 +305,7 @@ def _backward_all_gathers(graph: DataflowGraph) -> list[tuple[str, int]]:
     out = []
     offsets, ranks = nodes["offset_ns"].to_numpy(), nodes["rank"].to_numpy()
     for row in graph.collectives.itertuples():
-        if collective_family(str(row.coll)) != "all_gather" or not len(row.done):
+        if collective_family(str(row.coll)) != "all_gather" or not len(row.done) or str(row.group) != group:
             continue
         sends_start = [offsets[s] for s in row.sends] or [offsets[d] for d in row.done]
         if all(r in first.index and min(sends_start) >= first[r] for r in row.ranks):

@@ -90,7 +90,7 @@ def critical_path(run: Any, rank: int | None, show_all: bool, top: int, as_json:
         for g, t in sorted(by_group.items(), key=lambda kv: -kv[1]):
             click.echo(f"  communication of {parallelism.group_label(g)}: {t:.2f} ms")
         if parallelism.pipeline is not None:
-            click.echo(f"  pipeline bubble (waiting for other stages): {parts['waiting_ms']:.2f} ms "
+            click.echo(f"  pipeline bubble (waiting for other stages, or any slower rank): {parts['waiting_ms']:.2f} ms "
                        f"({100 * parts['waiting_ms'] / max(parts['span_ms'], 1e-9):.1f}%)")
     if show_all:
         click.echo("")
