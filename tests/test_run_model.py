@@ -125,7 +125,10 @@ def test_the_pool_and_a_dask_cluster_give_the_graph_of_a_serial_analysis(recorde
 def test_an_unreachable_scheduler_is_a_one_line_error(fresh_run: Path) -> None:
     from .conftest import assert_one_line_error
 
-    assert_one_line_error(dpro("replay", fresh_run, "--scheduler", "tcp://127.0.0.1:9"), "Dask scheduler")
+    import os
+
+    quick = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"}  # Dask's own setting, honoured
+    assert_one_line_error(dpro("replay", fresh_run, "--scheduler", "tcp://127.0.0.1:9", env=quick), "Dask scheduler")
 
 
 def test_a_progress_bar_on_a_terminal_and_none_when_piped(fresh_run: Path) -> None:

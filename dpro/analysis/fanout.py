@@ -80,8 +80,10 @@ def _on_dask(fn: Callable[..., Any], tasks: Sequence[tuple], address: str, progr
     except ImportError:
         raise FanoutError("a Dask scheduler was given but dask.distributed is not installed "
                           "(pip install distributed)") from None
-    try:
-        client = Client(address, timeout="20s", set_as_default=False)
+    import dask
+
+    try:  # Dask's own connect timeout (30 s; $DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT)
+        client = Client(address, timeout=dask.config.get("distributed.comm.timeouts.connect"), set_as_default=False)
     except (OSError, TimeoutError) as e:
         raise FanoutError(f"cannot reach the Dask scheduler at {address}: {e}") from None
     with client, _progress_bar(len(tasks), desc, progress) as bar:
