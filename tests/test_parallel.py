@@ -189,3 +189,17 @@ def test_the_dashboard_labels_each_lane_with_its_mesh_coordinate(browser, tp_run
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_rank_without_its_collective_log_leaves_every_rank_matched_as_without_logs(recorded_run: Path,
+                                                                                     tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    full = RunAnalysis.open(run, cache=False).graph.collectives
+    (run / "ranks" / "1" / "collectives.json").unlink()
+    analysis = RunAnalysis.open(run, cache=False)
+    assert analysis.collective_logs == {0: None, 1: None}
+    partial = analysis.graph.collectives
+    assert len(partial) == len(full) > 0 and (partial["ranks"].map(len) == 2).all()

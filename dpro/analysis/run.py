@@ -195,9 +195,17 @@ class RunAnalysis:
             raise GraphError(f"{self.root}: rank {rank} wrote no trace")
         return load_trace(path, rank=rank, cache=self.cache, cache_dir=self.trace_cache_dir(rank))
 
+    @cached_property
+    def collective_logs(self) -> dict[int, Path | None]:
+        """Each rank's collective log (``collectives.json``), used only where every rank has one:
+        a rank without it would name its groups apart from the others' and match none of their
+        collectives, so all ranks are then matched as a run without logs is."""
+        paths = {r: self.run.collective_log_path(r) for r in self.ranks}
+        return paths if all(paths.values()) else dict.fromkeys(paths)
+
     def _reduce(self, ranks: list[int], steps: list[int] | None) -> dict[int, RankReduction]:
         tasks = [(self.run.trace_path(r), r, self.trace_cache_dir(r) if self.cache else None, steps,
-                  self.run.collective_log_path(r)) for r in ranks]
+                  self.collective_logs[r]) for r in ranks]
         results = map_ranks(reduce_trace, tasks, scheduler=self.scheduler, workers=self.workers,
                             progress=self.progress, desc="decoding traces")
         return dict(zip(ranks, results))
