@@ -229,9 +229,7 @@ class WhatIf:
         c = self._collective(coll, occurrence)
         graph, edges = self.graph, self.edges
         n = len(graph.nodes)
-        sends, done = np.asarray(c["sends"], np.int64), np.asarray(c["done"], np.int64)
-        arrivals = self._arrivals(c)
-        members = np.unique(np.concatenate([arrivals, sends, done]))
+        sends, done, arrivals, members = self._pieces(c)
         inside = np.zeros(n, bool)
         inside[members] = True
         src, dst = edges["src"].to_numpy(np.int64), edges["dst"].to_numpy(np.int64)
@@ -267,10 +265,7 @@ class WhatIf:
         self.graph = dataclasses.replace(graph, nodes=nodes, wraps=wraps, collectives=pd.concat(
             [graph.collectives, pd.DataFrame(new_rows)], ignore_index=True))
         self.edges = pd.concat([edges, *new_edges], ignore_index=True)
-        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded"):
-            values = getattr(self, name)
-            setattr(self, name, np.concatenate([values, values[copied]]))
-        self._origin = np.concatenate([self._origin, self._origin[copied]])
+        self._append_copies(copied)
         self._recorded[n:] = np.nan  # a copy is re-timed for its own bytes
         for ids in copies_of:
             self._model_of.update({int(ids[v]): self._model_of[int(v)] for v in sends if int(v) in self._model_of})
@@ -285,9 +280,7 @@ class WhatIf:
         c = self._collective(coll, occurrence)
         graph, edges = self.graph, self.edges
         n = len(graph.nodes)
-        sends, done = np.asarray(c["sends"], np.int64), np.asarray(c["done"], np.int64)
-        arrivals = self._arrivals(c)
-        members = np.unique(np.concatenate([arrivals, sends, done]))
+        sends, done, arrivals, members = self._pieces(c)
         ids = np.full(n, -1, np.int64)
         ids[members] = n + np.arange(len(members))
         inside = ids >= 0
@@ -311,12 +304,22 @@ class WhatIf:
         self.edges = pd.concat([edges, internal.assign(src=ids[internal["src"].to_numpy()],
                                                        dst=ids[internal["dst"].to_numpy()]), issue, need],
                                ignore_index=True)
-        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded"):
-            values = getattr(self, name)
-            setattr(self, name, np.concatenate([values, values[members]]))
-        self._origin = np.concatenate([self._origin, self._origin[members]])
+        self._append_copies(members)
         self._model_of.update({int(ids[v]): self._model_of[int(v)] for v in sends if int(v) in self._model_of})
         return new
+
+    def _pieces(self, c: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Collective ``c``'s sends, ends (in rank order), arrivals, and all of them (sorted)."""
+        sends, done = np.asarray(c["sends"], np.int64), np.asarray(c["done"], np.int64)
+        arrivals = self._arrivals(c)
+        return sends, done, arrivals, np.unique(np.concatenate([arrivals, sends, done]))
+
+    def _append_copies(self, copied: np.ndarray) -> None:
+        """Per-node state for new nodes appended to the graph, each a copy of a ``copied`` node."""
+        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded"):
+            values = getattr(self, name)
+            setattr(self, name, np.concatenate([values, values[copied]]))
+        self._origin = np.concatenate([self._origin, self._origin[copied]])
 
     def _arrivals(self, c: pd.Series) -> np.ndarray:
         """The ranks' arrivals at collective ``c`` (where each issued it)."""
