@@ -200,6 +200,12 @@ def bare_profiler(trace_dir: str, window: str, rank: int, cuda: bool) -> torch.p
         schedule=torch.profiler.schedule(skip_first=skip, wait=0, warmup=warmup, active=steps, repeat=1))
 
 
+def write_step_times(path: str, rank: int, ends: list[int]) -> None:
+    """Each step's end time (ns), a line each, to ``path.<rank>`` (``--step-times``)."""
+    with open(f"{path}.{rank}", "w") as f:
+        f.write("".join(f"{t}\n" for t in ends))
+
+
 def busy_compute(ms: float, device: torch.device) -> None:
     """Matrix products for ``ms`` milliseconds: a rank made slow as a throttled GPU or a busy
     host would make it."""
@@ -262,8 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     if profiler:
         profiler.stop()
     if args.step_times:
-        with open(f"{args.step_times}.{rank}", "w") as f:
-            f.write("".join(f"{t}\n" for t in ends))
+        write_step_times(args.step_times, rank, ends)
     # Free the process group's last users (DDP's reducer sits in reference cycles) so that
     # destroying it joins gloo's worker threads now: left running into interpreter shutdown, a
     # worker that frees a finished collective aborts the process with "terminate called without

@@ -32,9 +32,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from examples.train_lm import TinyGPT, synthetic_batch
+    from examples.train_lm import TinyGPT, synthetic_batch, write_step_times
 except ImportError:  # run as a script: its own folder is on the path, not the repository
-    from train_lm import TinyGPT, synthetic_batch
+    from train_lm import TinyGPT, synthetic_batch, write_step_times
 
 FORMS = ("fsdp", "tp", "pp")
 
@@ -222,9 +222,8 @@ def main(argv: list[str] | None = None) -> None:
         if loss is not None and (step % 10 == 0 or step == args.steps - 1):
             print(f"rank {rank} step {step:4d}  loss {loss.item():.3f}", flush=True)
     if args.step_times:
-        with open(f"{args.step_times}.{rank}", "w") as f:
-            f.write("".join(f"{t}\n" for t in ends))
-    del model, optimizer, train_step
+        write_step_times(args.step_times, rank, ends)
+    del model, optimizer, train_step  # freed before the group is destroyed, as train_lm.py explains
     gc.collect()
     dist.destroy_process_group()
 
