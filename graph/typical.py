@@ -70,11 +70,13 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
     gpu = ev[ev["cat"].isin(GPU_OP_CATEGORIES)]
     parts, inner = [], []
     # gloo's sends and receives: their work spans the wait on the thread that issued them,
-    # overlapping its next ops, so they queue apart, as other collectives' worker threads do
+    # overlapping its next ops, so they queue apart, as other collectives' worker threads do;
+    # sends and receives apart (a pipeline's batched send and receive run at once)
     p2p = cpu[is_p2p(cpu) & ~cpu["name"].astype(str).map(is_enqueue_call).to_numpy(bool)]
     cpu = cpu.drop(index=p2p.index)
-    for tid, queue in p2p.groupby("tid", sort=True):
-        parts.append(queue.sort_values("start_ns").assign(kind="cpu", resource=f"cpu/{tid}/p2p"))
+    receives = p2p["name"].astype(str).str.contains("recv").to_numpy()
+    for (tid, receive), queue in p2p.groupby([p2p["tid"], receives], sort=True):
+        parts.append(queue.sort_values("start_ns").assign(kind="cpu", resource=f"cpu/{tid}/p2p{'/recv' if receive else ''}"))
     awaited = _awaited_ends(ev)
     for tid, thread in cpu.groupby("tid", sort=True):
         thread = thread.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
