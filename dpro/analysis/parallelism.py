@@ -20,13 +20,15 @@ __all__ = ["Parallelism"]
 class Parallelism:
     """``groups``: process group name -> its description and ranks (every rank's view merged);
     ``mesh``: the largest device mesh (``shape``, ``dim_names``, ``groups``) or None; ``fsdp``:
-    rank 0's FSDP units; ``pipeline``: rank 0's schedule or None."""
+    rank 0's FSDP units; ``pipeline``: rank 0's schedule or None; ``stages``: each rank's
+    pipeline stage (ranks with one stage only)."""
 
     world_size: int
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     mesh: dict[str, Any] | None = None
     fsdp: list[dict[str, Any]] = field(default_factory=list)
     pipeline: dict[str, Any] | None = None
+    stages: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, metas: dict[int, dict[str, Any]]) -> Parallelism:
@@ -41,7 +43,7 @@ class Parallelism:
         pipelines = parallel.get("pipeline") or []
         return cls(world_size=int(first.get("world_size") or len(metas) or 1), groups=groups,
                    mesh=meshes[0] if meshes else None, fsdp=list(parallel.get("fsdp") or []),
-                   pipeline=pipelines[0] if pipelines else None)
+                   pipeline=pipelines[0] if pipelines else None, stages=_stages(metas))
 
     @property
     def data_parallel_only(self) -> bool:
@@ -96,3 +98,15 @@ class Parallelism:
             p = self.pipeline
             parts.append(f"pipeline {p['schedule']}: {p['num_stages']} stages, {p['microbatches']} micro-batches")
         return "; ".join(parts) or f"data parallel over {self.world_size} ranks"
+
+
+def _stages(metas: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """Each rank's pipeline stage, where the rank runs exactly one."""
+    found = {}
+    for rank, meta in metas.items():
+        parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
+        pipelines = parallel.get("pipeline") or []
+        indices = pipelines[0].get("stage_index") if pipelines and isinstance(pipelines[0], dict) else None
+        if isinstance(indices, list) and len(indices) == 1:
+            found[int(rank)] = int(indices[0])
+    return found

@@ -80,6 +80,7 @@ from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuil
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
 from dpro.replayer.linkmodel import calibrated_link_model, wire_rates
+from dpro.replayer.pipeline import SCHEDULES, schedule_name, step_ns
 from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
@@ -88,6 +89,7 @@ from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu
                                    top_level, view_op_ns)
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
+from dpro.analysis.stages import stage_costs
 
 __all__ = ["COMPRESSIONS", "Change", "CostModel", "Prediction", "predict"]
 
@@ -111,6 +113,8 @@ class Change:
     scale_ops: str | None = None  # a regular expression on op names: their ops' durations times op_scale
     op_scale: float | None = None
     reshard_after_forward: bool | None = None  # FSDP2's, for every unit
+    microbatches: int | None = None  # a pipeline's, the same batch per step
+    schedule: str | None = None  # a pipeline's: gpipe | 1f1b
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True,
@@ -205,6 +209,10 @@ class Prediction:
             w.set_link_bandwidth(change.bandwidth_scale)
         result = w.replay()
         changed = result.step_ns
+        if change.microbatches is not None or change.schedule is not None:
+            details["pipeline"] = _pipeline(w, analysis, change.microbatches, change.schedule)
+            factor = details["pipeline"]["changed_ms"] / details["pipeline"]["modelled_ms"]
+            changed = {r: ns * factor for r, ns in changed.items()}
         baseline = analysis.unprofiled_step_ns
         per_rank = []
         for r in sorted(changed):
@@ -216,6 +224,36 @@ class Prediction:
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
                    **({"ranks_folded": w.folded} if model.fold else {}), "per_rank": per_rank}
         return cls(summary, replace(w.graph, edges=w.edges), result)
+
+
+def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedule: str | None) -> dict[str, Any]:
+    """The pipeline's step under another micro-batch count and schedule
+    (:mod:`dpro.replayer.pipeline`, over the stages' costs :func:`~dpro.analysis.stages.stage_costs`
+    reads from the graph as changed so far): the replayed step scales by the schedule model's
+    changed step over its recorded one. The timeline (the changed graph's replay) stays the
+    recorded schedule's."""
+    costs = stage_costs(w, analysis)
+    pipeline = analysis.parallelism.pipeline or {}
+    recorded_m = int(pipeline["microbatches"])
+    try:
+        recorded = schedule_name(str(pipeline["schedule"]))
+    except ValueError as e:
+        raise WhatIfError(str(e)) from None
+    m, name = microbatches or recorded_m, schedule or recorded
+    if name not in SCHEDULES:
+        raise WhatIfError(f"unknown schedule {name!r}: one of {', '.join(SCHEDULES)}")
+    if m < 1:
+        raise WhatIfError(f"--microbatches must be 1 or more, not {m}")
+    if name == "1f1b" and m < len(costs):
+        raise WhatIfError(f"1F1B needs at least as many micro-batches as stages ({len(costs)}), not {m}")
+    modelled = step_ns(costs, recorded_m, recorded)
+    changed = step_ns(costs, m, name, size=recorded_m / m)
+    return {"microbatches": m, "schedule": name, "recorded": {"microbatches": recorded_m, "schedule": recorded},
+            "modelled_ms": modelled / 1e6, "changed_ms": changed / 1e6,
+            "stages": [{"forward_ms": c.forward_ns / 1e6, "backward_ms": c.backward_ns / 1e6,
+                        "fixed_share": (c.forward_fixed_ns + c.backward_fixed_ns) / max(c.forward_ns + c.backward_ns, 1.0)}
+                       for c in costs],
+            "timeline": "the recorded schedule's"}
 
 
 def _reshard(w: WhatIf, analysis: RunAnalysis, reshard: bool) -> dict[str, Any]:
@@ -490,12 +528,17 @@ the same job over more ranks)."""
 def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     """A one-line error for a change this job's parallelism has no model of."""
     parallelism = analysis.parallelism
+    piped = [flag for flag, value in (("--microbatches", change.microbatches), ("--schedule", change.schedule))
+             if value is not None]
+    if piped and parallelism.pipeline is None:
+        raise DproError(f"{' and '.join(piped)} apply to pipeline-parallel jobs; this job is {parallelism.describe()}")
     if parallelism.data_parallel_only:
         return
     asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)]
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
-                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward apply to it")
+                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, for a pipeline, "
+                        "--microbatches and --schedule apply to it")
 
 
 def _layout(analysis: RunAnalysis) -> dict[str, Any]:

@@ -47,13 +47,17 @@ class Compression(click.ParamType):
               help="With --world-size: ranks sharing a host (default: as recorded).")
 @click.option("--reshard-after-forward/--no-reshard-after-forward", default=None,
               help="FSDP2: every unit resharded after its forward pass, or kept gathered until its backward.")
+@click.option("--microbatches", type=click.IntRange(min=1), metavar="M",
+              help="Pipeline: the step's batch in M micro-batches (the same batch per step).")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]),
+              help="Pipeline: GPipe (every forward, then every backward) or 1F1B.")
 @click.option("--no-interference", is_flag=True,
               help="Ops keep their recorded durations whatever their overlap with communication.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
            accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, reshard_after_forward: bool | None,
-           no_interference: bool, as_json: bool,
+           microbatches: int | None, schedule: str | None, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -62,10 +66,12 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
         raise click.UsageError("--ranks-per-host goes with --world-size")
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
-                    fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward)
+                    fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward,
+                    microbatches=microbatches, schedule=schedule)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
-                               "--compress, --accumulate, --fuse-ops, --world-size or --[no-]reshard-after-forward")
+                               "--compress, --accumulate, --fuse-ops, --world-size, --[no-]reshard-after-forward, "
+                               "--microbatches or --schedule")
     result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))
@@ -83,6 +89,14 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
     click.echo("links: " + (", ".join(f"{cls} {rate:g} Mb/s" for cls, rate in links.items()) +
                             " (TCP streams in calibration; a bandwidth scale changes the wire's share of a send)"
                             if links else "rate not measured (a bandwidth scale changes a send's whole time per byte)"))
+    pipeline = result.get("pipeline")
+    if pipeline:
+        was = pipeline["recorded"]
+        click.echo(f"pipeline: {was['schedule']} × {was['microbatches']} micro-batches -> {pipeline['schedule']} × "
+                   f"{pipeline['microbatches']}: the stages' schedule replayed at {pipeline['modelled_ms']:.1f} -> "
+                   f"{pipeline['changed_ms']:.1f} ms; fixed share of the passes "
+                   + ", ".join(f"stage {i} {100 * st['fixed_share']:.0f}%" for i, st in enumerate(pipeline["stages"]))
+                   + " (what a kernel or custom op spends whatever its size is not seen: more micro-batches err low)")
     slowdown = result["interference"]
     click.echo("interference: " + ("none" if slowdown is None else
                                    f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "

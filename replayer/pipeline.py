@@ -1,0 +1,121 @@
+"""A pipeline-parallel step replayed from its stages' costs, under any micro-batch count and schedule.
+
+Each stage runs its micro-batches' forward (``F``) and backward (``B``) passes in the order its
+schedule gives (:func:`stage_order`), one at a time. A stage's forward of micro-batch ``i``
+needs the previous stage's (its activation, sent over their link), its backward the next
+stage's (the gradient, sent back); the last stage's backward follows its own forward. A send
+starts when its pass ends and the link is free (one send at a time each way), and does not
+hold the sending stage (sends are asynchronous, as ``torch.distributed.pipelining``'s are).
+
+A pass of a micro-batch ``size`` times the recorded one takes ``fixed + (time - fixed) * size``:
+its fixed part (the calls' overhead) whatever the batch, the rest in proportion; so does a send.
+The step of a stage is its work before the pipeline, the pipeline, the wait for its last sends'
+delivery, and its work after (the optimizer); the step is the longest stage's.
+
+    >>> costs = [StageCost(forward_ns=10, backward_ns=20)] * 2
+    >>> step_ns(costs, microbatches=4, schedule="gpipe")  # (4 + 2 - 1) * (10 + 20)
+    150.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SCHEDULES", "StageCost", "schedule_name", "stage_order", "step_ns"]
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+"""The schedules modelled: the name ``dpro whatif --schedule`` takes, and torch's class."""
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage's work, per micro-batch of the recorded size: its passes (``*_fixed_ns`` of
+    them not scaling with the micro-batch), its sends of the activation to the next stage and
+    of the gradient to the previous one, and its work before and after the pipeline per step."""
+
+    forward_ns: float
+    backward_ns: float
+    forward_fixed_ns: float = 0.0
+    backward_fixed_ns: float = 0.0
+    send_forward_ns: float = 0.0
+    send_backward_ns: float = 0.0
+    send_fixed_ns: float = 0.0
+    before_ns: float = 0.0
+    after_ns: float = 0.0
+
+
+def schedule_name(recorded: str) -> str:
+    """``gpipe`` or ``1f1b`` for torch's schedule class name; ValueError for others."""
+    for name, cls in SCHEDULES.items():
+        if recorded == cls or recorded.lower() == name:
+            return name
+    raise ValueError(f"the pipeline schedule {recorded!r} is not modelled (only {', '.join(SCHEDULES.values())})")
+
+
+def stage_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """The passes ``("F" | "B", micro-batch)`` stage ``stage`` of ``stages`` runs, in order:
+    GPipe every forward then every backward; 1F1B (torch's ``Schedule1F1B``) ``stages - stage``
+    forwards (at most all), then a backward and a forward in turn, then the remaining backwards."""
+    if schedule == "gpipe":
+        return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+    if schedule != "1f1b":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    warmup = min(microbatches, stages - stage)
+    order = [("F", i) for i in range(warmup)]
+    forward, backward = warmup, 0
+    while backward < microbatches:
+        order.append(("B", backward))
+        backward += 1
+        if forward < microbatches:
+            order.append(("F", forward))
+            forward += 1
+    return order
+
+
+def _scaled(total: float, fixed: float, size: float) -> float:
+    fixed = min(max(fixed, 0.0), total)
+    return fixed + (total - fixed) * size
+
+
+def step_ns(costs: list[StageCost], microbatches: int, schedule: str, size: float = 1.0) -> float:
+    """The step time of the pipeline of ``costs`` (stage 0 first) with ``microbatches``
+    micro-batches of ``size`` times the recorded one, under ``schedule``."""
+    stages = len(costs)
+    if stages < 1 or microbatches < 1:
+        raise ValueError("a pipeline needs a stage and a micro-batch")
+    forward = [_scaled(c.forward_ns, c.forward_fixed_ns, size) for c in costs]
+    backward = [_scaled(c.backward_ns, c.backward_fixed_ns, size) for c in costs]
+    send_f = [_scaled(c.send_forward_ns, c.send_fixed_ns, size) for c in costs]
+    send_b = [_scaled(c.send_backward_ns, c.send_fixed_ns, size) for c in costs]
+    orders = [stage_order(schedule, s, stages, microbatches) for s in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}  # (pass, stage, micro-batch) -> when its input is at the stage
+    arrived: dict[tuple[str, int, int], float] = {}
+    link_free = {("F", s): 0.0 for s in range(stages)} | {("B", s): 0.0 for s in range(stages)}
+    clock = [c.before_ns for c in costs]
+    nxt = [0] * stages
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(stages):
+            while nxt[s] < len(orders[s]):
+                kind, i = orders[s][nxt[s]]
+                if kind == "F":
+                    ready = 0.0 if s == 0 else arrived.get(("F", s, i))
+                else:
+                    ready = done.get(("F", s, i)) if s == stages - 1 else arrived.get(("B", s, i))
+                if ready is None:
+                    break
+                end = max(clock[s], ready) + (forward[s] if kind == "F" else backward[s])
+                clock[s] = done[(kind, s, i)] = end
+                peer = s + 1 if kind == "F" else s - 1
+                if 0 <= peer < stages:
+                    start = max(end, link_free[(kind, s)])
+                    link_free[(kind, s)] = start + (send_f[s] if kind == "F" else send_b[s])
+                    arrived[(kind, peer, i)] = link_free[(kind, s)]
+                nxt[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # cannot happen for the schedules above; a guard against a bad order
+            raise ValueError(f"the {schedule} order deadlocks over {stages} stages")
+    delivered = [max(link_free[("F", s)], link_free[("B", s)]) for s in range(stages)]
+    return max(max(clock[s], delivered[s]) + costs[s].after_ns for s in range(stages))
