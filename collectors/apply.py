@@ -18,6 +18,10 @@
 - ``reshard_after_forward``: every ``fully_shard`` (FSDP2) call of the job made with it,
   whatever the script passed (``torch.distributed.fsdp.fully_shard`` is wrapped before the
   script imports it);
+- ``pipeline_microbatches`` and ``pipeline_schedule``: every ``ScheduleGPipe`` or
+  ``Schedule1F1B`` the script builds from ``torch.distributed.pipelining`` is built with this
+  micro-batch count and as this schedule (the names are replaced before the script imports
+  them; a script that imports them from ``torch.distributed.pipelining.schedules`` keeps its own);
 - ``activation_checkpointing``, ``gradient_accumulation`` and ``torch_compile`` need a change
   to the model's code or the training loop (the strategy's ``code``): they are left out, and
   said so.
@@ -43,6 +47,9 @@ CODE_CHANGES = {"activation_checkpointing": "a change to the model's code",
                 "gradient_accumulation": "a change to the training loop",
                 "torch_compile": "the DDP module compiled in the script"}
 """Settings ``--apply`` leaves out, and why: they need the script changed (the strategy's ``code``)."""
+
+_SCHEDULE_ARGS = ("n_microbatches", "loss_fn", "args_chunk_spec", "kwargs_chunk_spec", "output_merge_spec", "scale_grads")
+"""The arguments of ``PipelineScheduleSingle`` after the stage, in order (torch 2.13)."""
 
 __all__ = ["CODE_CHANGES", "ENV_APPLY", "Applier", "from_environment"]
 
@@ -134,6 +141,38 @@ class Applier:
         fsdp.fully_shard = fully_shard
         if getattr(_fully_shard, "fully_shard", None) is original:
             _fully_shard.fully_shard = fully_shard
+
+    def install_pipeline(self, log_error: Callable[[str, BaseException], None]) -> None:
+        """Replace ``torch.distributed.pipelining``'s ``ScheduleGPipe`` and ``Schedule1F1B`` with
+        builders of the strategy's schedule and micro-batch count (only when the strategy sets
+        one: the import is not free)."""
+        count, name = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
+        if count is None and name is None:
+            return
+        import torch.distributed.pipelining as pipelining
+
+        classes = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}
+        applier = self
+
+        def builder(original: type) -> Callable[..., Any]:
+            target = classes[name] if name else original
+
+            @functools.wraps(original, updated=())
+            def build(stage: Any, *args: Any, **kwargs: Any) -> Any:
+                bound = dict(zip(_SCHEDULE_ARGS, args)) | kwargs
+                before = bound.get("n_microbatches")
+                if count is not None:
+                    bound["n_microbatches"] = count
+                note = (f"{target.__name__}(n_microbatches={bound.get('n_microbatches')})"
+                        f" (the script's {original.__name__}(n_microbatches={before}))")
+                if note not in applier.applied:
+                    applier.applied.append(note)
+                return target(stage, **bound)
+
+            return build
+
+        for cls in classes.values():
+            setattr(pipelining, cls.__name__, builder(cls))
 
     def _with_arguments(self, signature: inspect.Signature, module: Any, args: tuple, kwargs: dict,
                         log_error: Callable[[str, BaseException], None]) -> tuple[tuple, dict, list[str]]:

@@ -18,6 +18,13 @@ with what the strategy's settings change.
   parameters stay from their forward to their backward, where resharded at most two are
   gathered at once (the unit at work and the one prefetched): the step's peak grows (or
   shrinks) by the units' unsharded bytes less twice the largest unit's.
+- ``pipeline_microbatches`` and ``pipeline_schedule``: a stage holds the activations of the
+  micro-batches it has run forward and not yet backward: all ``M`` under GPipe, at most
+  ``stages - stage`` under 1F1B (its warm-up). The activations the stage held when its first
+  backward pass began (:class:`~dpro.analysis.memory.RankMemory`, from the shapes step; without
+  it, all the step adds) are divided over the micro-batches then in flight and multiplied by
+  the new count's, each micro-batch ``recorded M / M`` the size; the rest of the peak (one
+  micro-batch's working memory, the loss, the optimizer's temporaries) stays.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import math
 from typing import Any
 
 from dpro.analysis.memory import RankMemory
+from dpro.analysis.parallelism import Parallelism
+from dpro.replayer.pipeline import schedule_name
 
 from dpro.optimizer.passes.checkpointing import block_lists
 
@@ -35,13 +44,37 @@ FLOAT_BYTES = 4
 
 
 def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory],
-                          layout: dict[str, Any] | None, units: list[dict[str, Any]] | None = None) -> int | None:
+                          layout: dict[str, Any] | None, parallelism: Parallelism | None = None) -> int | None:
     """The most any rank needs under ``settings``, bytes; None where memory was not measured.
-    ``units``: the job's FSDP units (:class:`dpro.analysis.parallelism.Parallelism`), if any."""
+    ``parallelism``: the job's FSDP units and pipeline, if any."""
     if not memory:
         return None
-    return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, units or [])
-               for m in memory.values())
+    units = parallelism.fsdp if parallelism else []
+    return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, units)
+               + _pipeline_bytes(settings, m, parallelism, rank) for rank, m in memory.items())
+
+
+def in_flight(schedule: str, microbatches: int, stage: int, stages: int) -> int:
+    """The micro-batches a stage holds activations of at its peak under ``schedule``."""
+    return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)
+
+
+def _pipeline_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None, rank: int) -> int:
+    """What another micro-batch count or schedule adds to a pipeline stage's peak (negative: saves)."""
+    count, schedule = settings.get("pipeline_microbatches"), settings.get("pipeline_schedule")
+    pipeline = parallelism.pipeline if parallelism else None
+    if (count is None and schedule is None) or not pipeline or rank not in parallelism.stages or not m.added_bytes:
+        return 0
+    try:
+        recorded_schedule = schedule_name(str(pipeline["schedule"]))
+    except ValueError:
+        return 0
+    stage, stages, recorded = parallelism.stages[rank], int(pipeline["num_stages"]), int(pipeline["microbatches"])
+    new_count = count or recorded
+    held = m.added_bytes if m.pipeline_activation_bytes is None else m.pipeline_activation_bytes
+    per_micro_batch = held / in_flight(recorded_schedule, recorded, stage, stages)
+    new = per_micro_batch * recorded / new_count * in_flight(schedule or recorded_schedule, new_count, stage, stages)
+    return round(new - held)
 
 
 def _reshard_bytes(settings: dict[str, Any], units: list[dict[str, Any]]) -> int:

@@ -126,7 +126,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
                         "a memory budget cannot be checked")
     budget_bytes = None if memory_budget_gb is None else memory_budget_gb * 1e9
     layout = analysis.ddp_layout
-    units = analysis.parallelism.fsdp
+    parallelism = analysis.parallelism
     baseline = [v for v in analysis.unprofiled_step_ns.values() if v == v]
     if not baseline:
         raise DproError(f"{analysis.root} has no step outside the profiling window to optimize against "
@@ -173,7 +173,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     def evaluate(state: tuple[int, ...], always: bool = False) -> Evaluated | None:
         if state not in cache and (always or clock.allows()):
             strategy = _strategy(axes, state)
-            needs = strategy_memory_bytes(strategy.settings, memory, layout, units)
+            needs = strategy_memory_bytes(strategy.settings, memory, layout, parallelism)
             if not always and budget_bytes is not None and needs is not None and needs > budget_bytes:
                 over_budget.add(state)
                 cache[state] = None
@@ -214,7 +214,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
             if fitting:
                 raise DproError(f"no strategy within {memory_budget_gb:g} GB could be predicted: {fitting} fit, and "
                                 "their predictions failed or the time budget ran out")
-            least = min(strategy_memory_bytes(_strategy(axes, s).settings, memory, layout, units) for s in over_budget | {
+            least = min(strategy_memory_bytes(_strategy(axes, s).settings, memory, layout, parallelism) for s in over_budget | {
                 (0,) * len(axes)})
             raise DproError(f"no strategy fits in {memory_budget_gb:g} GB: the least any needs is {least / 1e9:.3g} GB")
         unmeasured = sorted(r for r, m in memory.items() if m.added_bytes is None)

@@ -30,6 +30,11 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   reshard_after_forward=...)``): ``True`` frees each unit's gathered parameters after its
   forward and gathers them again before its backward (less memory, one more all-gather per
   unit); ``False`` keeps them. Exact; ``--apply`` sets it.
+- ``pipeline_microbatches`` and ``pipeline_schedule`` (``gpipe`` or ``1f1b``): a
+  ``torch.distributed.pipelining`` schedule's micro-batch count and kind (``ScheduleGPipe(stage,
+  n_microbatches=...)`` or ``Schedule1F1B``): the same batch per step, split otherwise. Exact
+  (the gradients are summed over the micro-batches either way); ``--apply`` sets both (the
+  batch must divide into the micro-batches).
 - ``torch_compile``: ``True`` compiles the DDP module with ``torch.compile`` (TorchInductor
   fuses its ops; DDP's optimizer splits the graph at the buckets so that the all-reduces still
   overlap the backward pass). Exact up to float rounding (fused ops round once); a code change
@@ -51,9 +56,10 @@ from dpro.errors import DproError
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
-            "reshard_after_forward")
+            "reshard_after_forward", "pipeline_microbatches", "pipeline_schedule")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -96,6 +102,10 @@ class Strategy:
         reshard = self.settings.get("reshard_after_forward")
         if reshard is not None:
             parts.append("reshard-after-forward" if reshard else "no-reshard-after-forward")
+        if self.settings.get("pipeline_microbatches"):
+            parts.append(f"microbatches-{self.settings['pipeline_microbatches']}")
+        if self.settings.get("pipeline_schedule"):
+            parts.append(self.settings["pipeline_schedule"])
         return "+".join(parts) or "as-recorded"
 
     @property
@@ -117,7 +127,9 @@ class Strategy:
                       recompute_forward=bool(self.settings.get("activation_checkpointing")) or None,
                       accumulate=self.settings.get("gradient_accumulation"),
                       fuse_ops=self.settings.get("torch_compile"),
-                      reshard_after_forward=self.settings.get("reshard_after_forward"))
+                      reshard_after_forward=self.settings.get("reshard_after_forward"),
+                      microbatches=self.settings.get("pipeline_microbatches"),
+                      schedule=self.settings.get("pipeline_schedule"))
 
     def code(self) -> list[str]:
         """The code change that makes the job run this strategy, one line each."""
@@ -140,6 +152,11 @@ class Strategy:
         if self.settings.get("reshard_after_forward") is not None:
             lines.append(f"fully_shard(module, reshard_after_forward={self.settings['reshard_after_forward']})"
                          "  # every unit, the root too")
+        m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
+        if m or schedule:
+            cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}.get(schedule or "", "YourSchedule")
+            lines.append(f"schedule = {cls}(stage, n_microbatches={m if m else '...'}, loss_fn=...)"
+                         "  # torch.distributed.pipelining")
         if self.settings.get("torch_compile"):
             lines.append("model = torch.compile(model)  # the DistributedDataParallel module, after DDP wraps it")
         hook = self.settings.get("comm_hook")
@@ -194,6 +211,12 @@ def validate(settings: dict[str, Any]) -> None:
     reshard = settings.get("reshard_after_forward")
     if reshard is not None and not isinstance(reshard, bool):
         raise StrategyError(f"reshard_after_forward must be true or false, not {reshard!r}")
+    m = settings.get("pipeline_microbatches")
+    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+        raise StrategyError(f"pipeline_microbatches must be a positive number of micro-batches, not {m!r}")
+    schedule = settings.get("pipeline_schedule")
+    if schedule is not None and schedule not in PIPELINE_SCHEDULES:
+        raise StrategyError(f"pipeline_schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, not {schedule!r}")
     for name in ("gradient_as_bucket_view", "static_graph", "torch_compile"):
         if settings.get(name) is not None and settings[name] is not True:
             raise StrategyError(f"{name} can only be true (the default is false), not {settings[name]!r}")

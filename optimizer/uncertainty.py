@@ -7,7 +7,8 @@ seed they were measured with (written by ``python -m benchmarks.intervals``). A 
 ``p`` of a strategy then stands for a measured step in ``[p / (1 + high), p / (1 + low)]``;
 a strategy of several families adds their errors (errs wide). Settings the cost model keeps as
 recorded (gradients as bucket views, DDP's static graph) add none; settings no held-out case
-has scored (activation checkpointing, ``torch.compile``) leave the strategy **unscored**.
+has scored (activation checkpointing, ``torch.compile``, FSDP's resharding, a pipeline's
+micro-batches and schedule) leave the strategy **unscored**.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dpro.optimizer.strategy import Strategy
 __all__ = ["Interval", "interval", "intervals_source", "families_of"]
 
 KEPT_AS_RECORDED = ("gradient_as_bucket_view", "static_graph")  # the cost model keeps the step as recorded
-UNSCORED = ("activation_checkpointing", "torch_compile")  # no held-out case in the intervals' table
+UNSCORED = ("activation_checkpointing", "torch_compile", "reshard_after_forward", "pipeline_microbatches",
+            "pipeline_schedule")  # no held-out case in the intervals' table
 LOWEST_ERROR = -0.9  # a sum of errors below this would stand for an unbounded step
 
 
@@ -54,7 +56,7 @@ def intervals_source() -> dict[str, Any]:
 def families_of(strategy: Strategy) -> tuple[str, ...] | None:
     """The fidelity benchmark's families a strategy's settings fall in; None: one is unscored."""
     settings = strategy.settings
-    if any(settings.get(name) for name in UNSCORED) or settings.get("reshard_after_forward") is not None:
+    if any(settings.get(name) is not None for name in UNSCORED):
         return None
     families = []
     if "bucket_cap_mb" in settings:

@@ -14,10 +14,12 @@ profiler started is not seen, so a job that frees its gradients every step
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
 from dpro.graph.kineto import TraceFormatError
-from dpro.graph.kineto.memory import memory_peaks
-from dpro.run_format import SHAPES_TRACE_FILE
+from dpro.graph.kineto.memory import added_before, memory_peaks
+from dpro.run_format import BACKWARD_EVENT_PREFIX, SHAPES_TRACE_FILE
 
 from dpro.analysis.run import RunAnalysis
 
@@ -26,7 +28,10 @@ __all__ = ["RankMemory", "rank_memory"]
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One rank's memory, bytes; ``added_bytes`` None where the step's memory was not recorded."""
+    """One rank's memory, bytes; ``added_bytes`` None where the step's memory was not recorded;
+    ``pipeline_activation_bytes``: for a pipeline stage, what the step held when its first
+    backward pass began on top of what it held when the pipeline began (the activations of
+    the micro-batches then in flight)."""
 
     parameters_bytes: int
     gradients_bytes: int
@@ -35,6 +40,7 @@ class RankMemory:
     optimizer_state_bytes: int
     added_bytes: int | None
     device: str | None
+    pipeline_activation_bytes: int | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -60,8 +66,27 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
             int(held["parameters_bytes"]), int(held["gradients_bytes"]),
             sum(int(b["bytes"]) for d in ddp for b in d["buckets"]),
             bool(ddp) and all(d.get("gradient_as_bucket_view") for d in ddp),
-            int(held.get("optimizer_state_bytes") or 0), added, device)
+            int(held.get("optimizer_state_bytes") or 0), added, device,
+            _pipeline_activations(analysis, rank, device) if analysis.parallelism.pipeline and device else None)
     return found
+
+
+PIPELINE_MARKS = {"start": re.compile(r"^(Forward 0|aten::tensor_split)$"),
+                  "backward": re.compile(rf"^(Backward \d+|{re.escape(BACKWARD_EVENT_PREFIX)})")}
+"""Where a pipeline stage's step begins its schedule (its split of the batch into micro-batches)
+and its first backward pass (torch's ``Backward i`` range under GPipe, else autograd's first function)."""
+
+
+def _pipeline_activations(analysis: RunAnalysis, rank: int, device: str) -> int | None:
+    """What the rank's shapes step held at its first backward pass over what it held at its
+    schedule's start (None where either is not in the trace)."""
+    try:
+        at = added_before(analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE, device, PIPELINE_MARKS)
+    except TraceFormatError:
+        return None
+    if at.get("start") is None or at.get("backward") is None:
+        return None
+    return max(0, at["backward"] - at["start"])
 
 
 def _added(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None]:

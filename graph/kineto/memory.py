@@ -10,9 +10,11 @@ wrote the total (2021) have only ``Bytes``: the total is then their running sum.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import itertools
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import msgspec
 
 from dpro.graph.kineto.schema import TraceFormatError
 
-__all__ = ["MemoryPeak", "memory_peaks"]
+__all__ = ["MemoryPeak", "added_before", "memory_peaks"]
 
 MEMORY_EVENT = "[memory]"
 DEVICE_TYPES = {0: "cpu", 1: "cuda"}
@@ -60,25 +62,55 @@ class MemoryPeak(msgspec.Struct, frozen=True):
 def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
     """The memory peak of each device in the trace at ``path`` (``.json`` or ``.json.gz``); an
     empty list when the trace holds no memory events (recorded without ``profile_memory``)."""
-    path = Path(path)
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-        trace = _DECODER.decode(raw)
-    except (OSError, EOFError, zlib.error, msgspec.DecodeError) as e:
-        raise TraceFormatError(f"cannot read the memory events of {path}: {str(e).splitlines()[0]}") from None
-    per_device: dict[tuple[int, int], list[_Args]] = {}
-    for e in sorted((e for e in trace.traceEvents if e.name == MEMORY_EVENT and e.args is not None),
-                    key=lambda e: e.ts):
-        per_device.setdefault((e.args.device_type, e.args.device_id), []).append(e.args)
     peaks = []
-    for (kind, index), events in sorted(per_device.items()):
-        if any(e.total_allocated is None for e in events):
-            totals = list(itertools.accumulate(e.nbytes for e in events))
-        else:
-            totals = [e.total_allocated for e in events]
-        before = totals[0] - events[0].nbytes
+    for (kind, index), (_, events, totals, before) in sorted(_per_device(_decoded(path)).items()):
         top = max(totals)
         name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
         peaks.append(MemoryPeak(name if index < 0 else f"{name}:{index}", max(0, int(top - before)), int(top),
                                 len(events)))
     return peaks
+
+
+def added_before(path: str | os.PathLike, device: str, names: dict[str, re.Pattern]) -> dict[str, int | None]:
+    """Per key of ``names``: what ``device`` (a :class:`MemoryPeak`'s name) held on top of what it
+    began with when the trace's first event whose name matches began (None: no such event)."""
+    trace = _decoded(path)
+    found: dict[str, int | None] = {}
+    for (kind, index), (times, _, totals, before) in _per_device(trace).items():
+        name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
+        if (name if index < 0 else f"{name}:{index}") != device:
+            continue
+        for key, pattern in names.items():
+            starts = [e.ts for e in trace.traceEvents if e.name and e.name != MEMORY_EVENT and pattern.match(e.name)]
+            if not starts:
+                found[key] = None
+                continue
+            at = bisect.bisect_left(times, min(starts))  # the allocations strictly before it
+            found[key] = int((totals[at - 1] if at else before) - before)
+    return found
+
+
+def _decoded(path: str | os.PathLike) -> _File:
+    path = Path(path)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        return _DECODER.decode(raw)
+    except (OSError, EOFError, zlib.error, msgspec.DecodeError) as e:
+        raise TraceFormatError(f"cannot read the memory events of {path}: {str(e).splitlines()[0]}") from None
+
+
+def _per_device(trace: _File) -> dict[tuple[int, int], tuple[list[float], list[_Args], list[float], float]]:
+    """Per device: its memory events' times, the events, the total after each and the total before the first."""
+    per_device: dict[tuple[int, int], list[_Event]] = {}
+    for e in sorted((e for e in trace.traceEvents if e.name == MEMORY_EVENT and e.args is not None),
+                    key=lambda e: e.ts):
+        per_device.setdefault((e.args.device_type, e.args.device_id), []).append(e)
+    out = {}
+    for key, events in per_device.items():
+        args = [e.args for e in events]
+        if any(a.total_allocated is None for a in args):
+            totals = list(itertools.accumulate(a.nbytes for a in args))
+        else:
+            totals = [a.total_allocated for a in args]
+        out[key] = ([e.ts for e in events], args, totals, totals[0] - args[0].nbytes)
+    return out
