@@ -8,8 +8,10 @@ forms (``benchmarks/testbed/job.py --form``):
   kept gathered; each predicts the other (``--[no-]reshard-after-forward``: step time, and the
   memory peak against the other's recorded one), and the resharded one twice the link rate
   (``--bandwidth-scale 2``);
-- a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its target:
-  half the link rate.
+- a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
+  8 and 2 micro-batches (``--microbatches``), the 1F1B schedule (``--schedule``; step time, and
+  for 8 micro-batches and 1F1B the memory peak against their own recordings), and half the link
+  rate.
 
 Every configuration is measured :data:`REPEATS` times without any profiler, interleaved (a round
 at a time, each in a new order); the sources are recorded once, with ``dpro record``, in the
@@ -70,6 +72,7 @@ class Case:
     source: str
     target: str
     change: dict  # dpro.analysis.whatif.Change's fields
+    memory: bool = False  # the target recorded too, and the memory estimate scored against its peak
 
 
 def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
@@ -79,17 +82,29 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
     fsdp = Config(f"{tag}-fsdp", job, RATE_MBIT, form="fsdp")
     pp = Config(f"{tag}-pp", job, RATE_MBIT, form="pp")
     configs = [fsdp, pp, fsdp.but(f"{tag}-fsdp-noreshard", reshard=False),
-               fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2)]
-    cases = [Case("fsdp: no reshard after forward", fsdp.name, f"{tag}-fsdp-noreshard", {"reshard_after_forward": False}),
-             Case("fsdp: reshard after forward", f"{tag}-fsdp-noreshard", fsdp.name, {"reshard_after_forward": True}),
+               fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2),
+               pp.but(f"{tag}-pp-8mb", microbatches=8), pp.but(f"{tag}-pp-2mb", microbatches=2),
+               pp.but(f"{tag}-pp-1f1b", schedule="1f1b")]
+    cases = [Case("fsdp: no reshard after forward", fsdp.name, f"{tag}-fsdp-noreshard", {"reshard_after_forward": False},
+                  memory=True),
+             Case("fsdp: reshard after forward", f"{tag}-fsdp-noreshard", fsdp.name, {"reshard_after_forward": True},
+                  memory=True),
              Case("fsdp: links 2x", fsdp.name, f"{tag}-fsdp-2x", {"bandwidth_scale": 2.0}),
-             Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5})]
+             Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
+             Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
+             Case("pp: 2 micro-batches", pp.name, f"{tag}-pp-2mb", {"microbatches": 2}),
+             Case("pp: 1F1B", pp.name, f"{tag}-pp-1f1b", {"schedule": "1f1b"}, memory=True)]
     return configs, cases
+
+
+MEMORY_SETTINGS = {"reshard_after_forward": "reshard_after_forward", "microbatches": "pipeline_microbatches",
+                   "schedule": "pipeline_schedule"}
+"""The optimizer's setting of each what-if change whose memory is scored."""
 
 
 def run_seed(testbed: Testbed, seed: int, jobs: int, root: Path, repeats: int = REPEATS) -> dict:
     configs, cases = seed_cases(seed, jobs)
-    sources = sorted({c.source for c in cases} | {c.target for c in cases if "reshard_after_forward" in c.change})
+    sources = sorted({c.source for c in cases} | {c.target for c in cases if c.memory})
     measured = interleaved(testbed, configs, repeats, seed, record_into=root, sources=sources)
     return score(seed, root, measured, cases)
 
@@ -128,10 +143,11 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
                        "true_change_pct": 100 * (truth / median[case.source] - 1),
                        "error_pct": 100 * (predicted / truth - 1),
                        "no_change_pct": 100 * (median[case.source] / truth - 1)})
-        if "reshard_after_forward" in case.change:
+        if case.memory:
             source = RunAnalysis.open(root / case.source)
             memory = rank_memory(source)
-            estimate = strategy_memory_bytes(case.change, memory, source.ddp_layout, source.parallelism.fsdp)
+            settings = {MEMORY_SETTINGS[k]: v for k, v in case.change.items()}
+            estimate = strategy_memory_bytes(settings, memory, source.ddp_layout, source.parallelism)
             recorded = max(m.peak_bytes for m in memory.values())
             peak = max(m.peak_bytes for m in rank_memory(RunAnalysis.open(root / case.target)).values())
             scored[-1].update({"memory_estimate_mb": estimate / 1e6, "memory_measured_mb": peak / 1e6,

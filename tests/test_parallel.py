@@ -16,6 +16,7 @@ from dpro.graph.collective_log import label
 from dpro.graph.matching import pair_p2p
 from dpro.graph.typical import _split_at_waits
 from dpro.replayer.breakdown import breakdown, rank_critical_path
+from dpro.replayer.pipeline import StageCost, stage_order, step_ns
 
 from .conftest import ROOT, TORCHRUN, assert_one_line_error, dpro
 
@@ -153,8 +154,65 @@ def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp
                         (pp_run, ["--accumulate", "2"])):
         assert_one_line_error(dpro("whatif", run, *option), option[0], "data-parallel", "--bandwidth-scale")
     assert_one_line_error(dpro("whatif", pp_run, "--no-reshard-after-forward"), "FSDP", "no fully_shard unit")
+    assert_one_line_error(dpro("whatif", fsdp_run, "--microbatches", "8"), "--microbatches", "pipeline-parallel", "FSDP2")
+    assert_one_line_error(dpro("whatif", pp_run, "--schedule", "1f1b", "--microbatches", "1"), "1F1B", "stages (2)")
     ok = dpro("whatif", pp_run, "--bandwidth-scale", "0.5")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_a_pipeline_schedule_is_replayed_in_the_order_torch_runs_it() -> None:
+    assert stage_order("1f1b", 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+    assert stage_order("1f1b", 1, 2, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]
+    even = [StageCost(forward_ns=10, backward_ns=20)] * 4
+    for m in (4, 8):  # the bubble: (stages - 1) micro-batches' passes
+        assert step_ns(even, m, "gpipe") == step_ns(even, m, "1f1b") == (m + 3) * 30
+    heavy_first = [StageCost(forward_ns=10, backward_ns=20), StageCost(forward_ns=5, backward_ns=10)]
+    assert (step_ns(heavy_first, 4, "gpipe"), step_ns(heavy_first, 4, "1f1b")) == (135, 125), \
+        "under 1F1B the slow stage starts its backward passes earlier"
+    sent = [StageCost(forward_ns=10, backward_ns=20, send_forward_ns=15), StageCost(forward_ns=10, backward_ns=20, send_backward_ns=15)]
+    assert step_ns(sent, 1, "gpipe") == 10 + 15 + 10 + 20 + 15 + 20
+    fixed = [StageCost(forward_ns=10, backward_ns=20, forward_fixed_ns=10, backward_fixed_ns=20)] * 2
+    assert step_ns(fixed, 8, "gpipe", size=0.5) == 9 * 30, "a pass that is all fixed cost takes as long at half the size"
+
+
+def test_microbatch_and_schedule_whatifs_start_from_the_recorded_pipeline(pp_run: Path) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+
+    model = CostModel(RunAnalysis.open(pp_run))
+    replayed_ms = float(np.mean(list(model.replayed_ns.values()))) / 1e6
+    same = model.predict(Change(microbatches=4)).summary["pipeline"]
+    assert same["changed_ms"] == pytest.approx(same["modelled_ms"])
+    assert same["modelled_ms"] == pytest.approx(replayed_ms, rel=0.1), "the stages' costs add up to the graph's replay"
+    assert same["recorded"] == {"microbatches": 4, "schedule": "gpipe"}
+    other = model.predict(Change(microbatches=8, schedule="1f1b")).summary
+    assert other["pipeline"]["schedule"] == "1f1b" and other["pipeline"]["changed_ms"] != same["modelled_ms"]
+    out = dpro("whatif", pp_run, "--schedule", "1f1b")
+    assert out.returncode == 0 and "pipeline: gpipe × 4 micro-batches -> 1f1b × 4" in out.stdout, out.stderr
+
+
+def test_a_pipeline_over_its_memory_budget_gets_a_schedule_that_fits_and_apply_runs_it(pp_run: Path,
+                                                                                       tmp_path: Path) -> None:
+    from dpro.analysis.memory import rank_memory
+
+    recorded = rank_memory(RunAnalysis.open(pp_run))
+    assert all(m.pipeline_activation_bytes for m in recorded.values()), "the activations held at the first backward"
+    budget_gb = (max(m.peak_bytes for m in recorded.values()) - 1) / 1e9  # GPipe's four micro-batches do not fit
+    out = tmp_path / "opt"
+    result = dpro("optimize", pp_run, "--memory-budget", f"{budget_gb:.9f}", "-o", out, timeout=600)
+    assert result.returncode == 0, result.stderr
+    strategy = json.loads((out / "strategy.json").read_text())
+    assert strategy["settings"].get("pipeline_schedule") == "1f1b", result.stdout
+    applied = tmp_path / "applied"
+    ran = dpro("record", "--apply", out / "strategy.json", "-o", applied, "--skip", "3", "--warmup", "1", "--steps", "2",
+               "--no-calibrate", "--", *TORCHRUN, "--nproc-per-node=2", PARALLEL, "--form", "pp", *SMALL,
+               "--microbatches", "4", timeout=400)
+    assert ran.returncode == 0, ran.stderr
+    analysis = RunAnalysis.open(applied)
+    count = strategy["settings"].get("pipeline_microbatches", 4)
+    assert analysis.parallelism.pipeline["schedule"] == "Schedule1F1B" and analysis.parallelism.pipeline["microbatches"] == count
+    assert max(m.peak_bytes for m in rank_memory(analysis).values()) <= budget_gb * 1e9
+    replayed = dpro("replay", applied)  # a 1F1B graph: batched sends and receives, no cycle
+    assert replayed.returncode == 0, replayed.stderr
 
 
 def test_sends_pair_by_peer_and_order() -> None:

@@ -31,7 +31,8 @@ MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpr
                  "optimizer", "optimizer/intervals.json", "dpro/cli/optimize.py", "benchmarks/optimize.py",
                  "examples/train_lm.py",
                  # and the parallel forms: their description, their benchmark
-                 "dpro/analysis/parallelism.py", "benchmarks/parallel.py")
+                 "dpro/analysis/parallelism.py", "dpro/analysis/stages.py", "dpro/analysis/memory.py",
+                 "benchmarks/parallel.py")
 
 
 def model_version(root: Path = ROOT) -> str:
