@@ -6,13 +6,16 @@ next step's timing starts after the calibration):
 - **Profiler cost** (:func:`profiler_cost`), just before the profiling window: spans of known
   work (forward passes of a tiny model without autograd; its training steps: forward,
   backward, optimizer) timed without a profiler and with one configured as the window's, on
-  the main thread; the cost per profiler event is the difference over the events the profiler
+  the main thread (in its CPU time; on the GPU where the job has used one, in wall time to the
+  end of the kernels: there the backward pass runs on autograd's device thread, and each
+  launch is priced as the profiler makes it cost); the cost per profiler event is the difference over the events the profiler
   recorded, priced apart for events inside autograd's backward functions and the others.
   (The profiler follows other threads only through torch's propagated thread-local state, as
   in gloo's workers and the autograd engine's device threads; their events are priced as the
   main thread's of the same class.)
 - **Collectives** (:func:`collectives`), just after the window, in lockstep on every rank (all
-  reach the same step): the job's collectives on its default process group at sizes from
+  reach the same step), on the GPU where the default group is NCCL's (:class:`Device`, each call
+  timed to the device's end of it): the job's collectives on its default process group at sizes from
   4 KiB up (×4, at most 64 MiB), point-to-point sends around the ranks' ring, plain TCP
   streams around it (the links' own rate, :mod:`dpro.collectors.link_rate`), and the
   interference between compute and communication (known work alone and while an all-reduce
@@ -75,10 +78,11 @@ def quietly() -> Iterator[None]:
 # --- the profiler's cost -----------------------------------------------------------------------
 
 
-def _known_work(torch: Any) -> Callable[[], None]:
+def _known_work(torch: Any, on_gpu: bool = False) -> Callable[[], None]:
     """A span of training steps of a tiny model: the kinds of ops a job runs (linear layers,
-    activations, a norm, autograd, an optimizer), each a few profiler events."""
-    net, optimizer, x = _tiny_model(torch)
+    activations, a norm, autograd, an optimizer), each a few profiler events; ``on_gpu``: on
+    the current GPU, to the end of its kernels."""
+    net, optimizer, x = _tiny_model(torch, on_gpu)
 
     def work() -> None:
         for _ in range(KNOWN_WORK_STEPS):
@@ -86,27 +90,34 @@ def _known_work(torch: Any) -> Callable[[], None]:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+        if on_gpu:
+            torch.cuda.synchronize()
 
     return work
 
 
-def _known_forward_work(torch: Any) -> Callable[[], None]:
+def _known_forward_work(torch: Any, on_gpu: bool = False) -> Callable[[], None]:
     """A span of the tiny model's forward passes without autograd: ops that are not backward
     functions, single (an activation) and nesting others (a linear layer's transpose and matmul)."""
-    net, _, x = _tiny_model(torch)
+    net, _, x = _tiny_model(torch, on_gpu)
 
     def work() -> None:
         with torch.no_grad():
             for _ in range(FORWARD_WORK_STEPS):
                 net(x).square().mean()
+        if on_gpu:
+            torch.cuda.synchronize()
 
     return work
 
 
-def _tiny_model(torch: Any) -> tuple[Any, Any, Any]:
+def _tiny_model(torch: Any, on_gpu: bool = False) -> tuple[Any, Any, Any]:
     generator = torch.Generator().manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32))
-    return net, torch.optim.SGD(net.parameters(), lr=1e-3), torch.randn(16, 32, generator=generator)
+    x = torch.randn(16, 32, generator=generator)
+    if on_gpu:
+        net, x = net.cuda(), x.cuda()
+    return net, torch.optim.SGD(net.parameters(), lr=1e-3), x
 
 
 SPANS = 9  # spans of known work timed, the median kept
@@ -137,7 +148,9 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
     as the window's (not started)."""
     import torch
 
-    forward, training = _known_forward_work(torch), _known_work(torch)
+    on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    clock = time.perf_counter_ns if on_gpu else time.thread_time_ns
+    forward, training = _known_forward_work(torch, on_gpu), _known_work(torch, on_gpu)
     forward()  # warm up the ops' code paths
     training()
     # the same work records the same events: counted once (building the events costs seconds)
@@ -145,8 +158,8 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
     training_events, backward_events = _event_counts(training, make_profiler)
     rounds_f, rounds_b, spans_f, spans_t = [], [], [], []
     for _ in range(rounds):
-        f = _profiled_span(forward, make_profiler)
-        t = _profiled_span(training, make_profiler)
+        f = _profiled_span(forward, make_profiler, clock)
+        t = _profiled_span(training, make_profiler, clock)
         per_forward_event = f.extra_ns / max(forward_events, 1)
         rounds_f.append(per_forward_event)
         if backward_events:
@@ -161,7 +174,7 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
                 "profiled_span_ns": float(statistics.median(s.profiled_ns for s in spans)), "rounds_ns": estimates}
 
     return {"forward": summary(rounds_f, spans_f, forward_events),
-            "backward": summary(rounds_b, spans_t, backward_events)}
+            "backward": summary(rounds_b, spans_t, backward_events), "device": "cuda" if on_gpu else "cpu"}
 
 
 @dataclass
@@ -174,17 +187,18 @@ class _ProfiledSpan:
         return self.profiled_ns - self.plain_ns
 
 
-def _profiled_span(work: Callable[[], None], make_profiler: Callable[[], Any]) -> _ProfiledSpan:
-    """``work``'s median CPU time without, with, and again without a profiler."""
-    before = _span_ns(work)
+def _profiled_span(work: Callable[[], None], make_profiler: Callable[[], Any],
+                   clock: Callable[[], int] = time.thread_time_ns) -> _ProfiledSpan:
+    """``work``'s median time by ``clock`` without, with, and again without a profiler."""
+    before = _span_ns(work, clock=clock)
     profiler = make_profiler()
     profiler.start()
     try:
-        profiled = _span_ns(work)
+        profiled = _span_ns(work, clock=clock)
     finally:
         profiler.stop()
         release(profiler)
-    return _ProfiledSpan((before + _span_ns(work)) / 2, profiled)
+    return _ProfiledSpan((before + _span_ns(work, clock=clock)) / 2, profiled)
 
 
 def _event_counts(work: Callable[[], None], make_profiler: Callable[[], Any]) -> tuple[int, int]:
@@ -243,64 +257,94 @@ def collectives(rank: int, world_size: int) -> dict[str, Any]:
     except Exception as e:  # a rank that will not come: nobody calibrates, nobody waits
         return {"skipped": f"not every rank reached the calibration ({type(e).__name__})"}
     group_size = dist.get_world_size()
+    on = Device.of(torch, dist)
     rows, p2p, links, notes = [], [], [], []
     for coll in COLLECTIVES:
-        run = _collective(torch, dist, coll, group_size)
+        run = _collective(torch, dist, coll, group_size, on)
         try:
-            rows += _sweep(torch, dist, lambda nbytes: run(nbytes), {"coll": coll, "group_size": group_size})
+            rows += _sweep(torch, dist, lambda nbytes: run(nbytes), {"coll": coll, "group_size": group_size}, on)
         except Exception as e:  # the backend may not offer it (reduce_scatter on old gloo)
             notes.append(f"{coll}: {type(e).__name__}: {e}".splitlines()[0][:200])
     if group_size > 1:
-        p2p = _sweep(torch, dist, lambda nbytes: _ring_send(torch, dist, rank, group_size, nbytes),
-                     {"src": rank, "dst": (rank + 1) % group_size})
-        _together(torch, dist)
+        p2p = _sweep(torch, dist, lambda nbytes: _ring_send(torch, dist, rank, group_size, nbytes, on),
+                     {"src": rank, "dst": (rank + 1) % group_size}, on)
+        _together(torch, dist, on)
         try:
             links = [ring_streams(store, address.rsplit(":", 1)[0], rank, group_size)]
         except Exception as e:  # a rank that cannot listen or reach its neighbour: no wire rate
             notes.append(f"link streams: {type(e).__name__}: {e}".splitlines()[0][:200])
-    return {"collectives": rows, "p2p": p2p, "links": links, "interference": _interference(torch, dist, rows),
-            "compression": _compression(torch, group_size), "notes": notes}
+    return {"device": str(on.device), "collectives": rows, "p2p": p2p, "links": links,
+            "interference": _interference(torch, dist, rows, on), "compression": _compression(torch, group_size, on),
+            "notes": notes}
 
 
-def _sweep(torch: Any, dist: Any, call: Callable[[int], None], facts: dict[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Device:
+    """Where the job's collectives run: a GPU where the default group's backend is NCCL (it has
+    no CPU tensors), else the CPU. ``sync`` waits for the device's queued work, so that a call
+    is timed to its end."""
+
+    device: Any
+    sync: Callable[[], None]
+
+    @classmethod
+    def of(cls, torch: Any, dist: Any) -> "Device":
+        if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+            return cls(device, lambda: torch.cuda.synchronize(device))
+        return cls(torch.device("cpu"), lambda: None)
+
+    def zeros(self, torch: Any, numel: int) -> Any:
+        """A float32 buffer of zeros, filled by no CPU op (:func:`quietly`)."""
+        if self.device.type == "cpu":
+            return torch.frombuffer(bytearray(4 * numel), dtype=torch.float32)
+        return torch.zeros(numel, device=self.device)
+
+
+def _sweep(torch: Any, dist: Any, call: Callable[[int], None], facts: dict[str, Any], on: Device) -> list[dict[str, Any]]:
     """``call(nbytes)`` timed at growing sizes: each size once, then :data:`REPEATS` times in
     all unless that first call took over :data:`SLOW_CALL_S` on some rank, where the sweep ends."""
     rows = []
     for nbytes in (n for n in SIZES if n <= MAX_BYTES):
-        times = _timed(lambda: call(nbytes), 1, lambda: _together(torch, dist))
-        slow = _slowest(torch, dist, times[0]) > SLOW_CALL_S * 1e9
+        times = _timed(lambda: call(nbytes), 1, lambda: _together(torch, dist, on))
+        slow = _slowest(torch, dist, times[0], on) > SLOW_CALL_S * 1e9
         if not slow:
-            times += _timed(lambda: call(nbytes), REPEATS - 1, lambda: _together(torch, dist))
+            times += _timed(lambda: call(nbytes), REPEATS - 1, lambda: _together(torch, dist, on))
         rows.append({**facts, "bytes": nbytes, "times_ns": times})
         if slow:
             break
     return rows
 
 
-def _collective(torch: Any, dist: Any, coll: str, n: int) -> Callable[[int], None]:
-    """A function that runs ``coll`` of about ``nbytes`` in all (float32)."""
+def _collective(torch: Any, dist: Any, coll: str, n: int, on: Device) -> Callable[[int], None]:
+    """A function that runs ``coll`` of about ``nbytes`` in all (float32) on ``on``'s device, to its end."""
+    def empty(numel: int) -> Any:
+        return torch.empty(numel, device=on.device)
+
     def run(nbytes: int) -> None:
         numel = max(nbytes // 4, n)
         if coll == "all_reduce":
-            dist.all_reduce(torch.empty(numel))
+            dist.all_reduce(empty(numel))
         elif coll == "broadcast":
-            dist.broadcast(torch.empty(numel), src=0)
+            dist.broadcast(empty(numel), src=0)
         elif coll == "all_gather":
-            part = torch.empty(numel // n)
-            dist.all_gather_into_tensor(torch.empty(part.numel() * n), part)
+            part = empty(numel // n)
+            dist.all_gather_into_tensor(empty(part.numel() * n), part)
         else:
-            whole = torch.empty(numel // n * n)
-            dist.reduce_scatter_tensor(torch.empty(whole.numel() // n), whole)
+            whole = empty(numel // n * n)
+            dist.reduce_scatter_tensor(empty(whole.numel() // n), whole)
+        on.sync()
 
     return run
 
 
-def _ring_send(torch: Any, dist: Any, rank: int, n: int, nbytes: int) -> None:
+def _ring_send(torch: Any, dist: Any, rank: int, n: int, nbytes: int, on: Device) -> None:
     """Send ``nbytes`` to the next rank while receiving as much from the previous."""
-    out, into = torch.empty(nbytes // 4), torch.empty(nbytes // 4)
+    out, into = torch.empty(nbytes // 4, device=on.device), torch.empty(nbytes // 4, device=on.device)
     sent = dist.isend(out, (rank + 1) % n)
     dist.recv(into, (rank - 1) % n)
     sent.wait()
+    on.sync()
 
 
 def _timed(call: Callable[[], None], repeats: int, before: Callable[[], None] = lambda: None,
@@ -315,14 +359,15 @@ def _timed(call: Callable[[], None], repeats: int, before: Callable[[], None] = 
     return times
 
 
-def _together(torch: Any, dist: Any) -> None:
+def _together(torch: Any, dist: Any, on: Device) -> None:
     """A one-element all-reduce: every rank leaves it at about the same time."""
-    dist.all_reduce(torch.zeros(1))
+    dist.all_reduce(torch.zeros(1, device=on.device))
+    on.sync()
 
 
-def _slowest(torch: Any, dist: Any, ns: int) -> float:
+def _slowest(torch: Any, dist: Any, ns: int, on: Device) -> float:
     """The largest of every rank's ``ns`` (so that all ranks stop growing sizes together)."""
-    value = torch.tensor([float(ns)])
+    value = torch.tensor([float(ns)], device=on.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value.item())
 
@@ -330,7 +375,7 @@ def _slowest(torch: Any, dist: Any, ns: int) -> float:
 COMPRESSION_SIZES = (2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20)  # bytes of float32 gradients
 
 
-def _compression(torch: Any, group_size: int) -> dict[str, list[dict[str, Any]]]:
+def _compression(torch: Any, group_size: int, on: Device) -> dict[str, list[dict[str, Any]]]:
     """The compute of DDP's fp16 and bf16 compression hooks on a bucket of each size: the cast
     to half precision divided by the group's size, and the copy back into the float32 bucket
     after the all-reduce (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``); and
@@ -339,36 +384,41 @@ def _compression(torch: Any, group_size: int) -> dict[str, list[dict[str, Any]]]
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         rows = []
         for nbytes in COMPRESSION_SIZES:
-            bucket = torch.frombuffer(bytearray(nbytes), dtype=torch.float32)  # zeros, filled by no torch op
+            bucket = on.zeros(torch, nbytes // 4)
 
             def hook() -> None:
                 bucket.copy_(bucket.to(dtype).div_(group_size))
+                on.sync()
 
             rows.append({"bytes": nbytes, "times_ns": _timed(hook, REPEATS)})
         out[name] = rows
-    out["matmul"] = _matmul_rate(torch)
+    out["matmul"] = _matmul_rate(torch, on)
     return out
 
 
 MATMUL_SHAPE = (1024, 1024, 4)  # a gradient matrix times a low-rank factor, as PowerSGD computes
 
 
-def _matmul_rate(torch: Any) -> list[dict[str, Any]]:
+def _matmul_rate(torch: Any, on: Device) -> list[dict[str, Any]]:
     """A matrix of a gradient's size times a thin factor (the compute of DDP's PowerSGD hook,
     ``powerSGD_hook``): ``{"flops", "times_ns"}``."""
     n, m, r = MATMUL_SHAPE
-    matrix = torch.frombuffer(bytearray(4 * n * m), dtype=torch.float32).view(n, m)
-    factor = torch.frombuffer(bytearray(4 * m * r), dtype=torch.float32).view(m, r)
-    return [{"flops": 2 * n * m * r, "times_ns": _timed(lambda: torch.matmul(matrix, factor), REPEATS)}]
+    matrix, factor = on.zeros(torch, n * m).view(n, m), on.zeros(torch, m * r).view(m, r)
+
+    def product() -> None:
+        torch.matmul(matrix, factor)
+        on.sync()
+
+    return [{"flops": 2 * n * m * r, "times_ns": _timed(product, REPEATS)}]
 
 
-def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]], on: Device) -> dict[str, Any]:
     """Spans of known work alone and while an all-reduce runs; the all-reduce alone and while
     the main thread computes (the largest one calibrated under :data:`SLOW_CALL_S`, so that the
     spans fill it)."""
     sizes = [r["bytes"] for r in rows if r["coll"] == "all_reduce" and max(r["times_ns"]) < SLOW_CALL_S * 1e9]
     # every rank must run the same all-reduces: the largest size fast enough on every rank
-    agreed = torch.tensor([float(max(sizes, default=0))])
+    agreed = torch.tensor([float(max(sizes, default=0))], device=on.device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
     nbytes = int(agreed.item())
     if not nbytes:
@@ -376,11 +426,11 @@ def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]]) -> dict[str
     work = _known_work(torch)
     work()
     compute_alone = _span_ns(work, clock=time.perf_counter_ns)
-    _together(torch, dist)
-    comm_alone = _timed(lambda: dist.all_reduce(torch.empty(nbytes // 4)), 1)[0]
-    _together(torch, dist)
+    _together(torch, dist, on)
+    comm_alone = _timed(lambda: (dist.all_reduce(torch.empty(nbytes // 4, device=on.device)), on.sync()), 1)[0]
+    _together(torch, dist, on)
     start = time.perf_counter_ns()
-    pending = dist.all_reduce(torch.empty(nbytes // 4), async_op=True)
+    pending = dist.all_reduce(torch.empty(nbytes // 4, device=on.device), async_op=True)
     done: list[int] = []  # when the all-reduce completed, stamped by the thread that completes it
     pending.get_future().then(lambda _: done.append(time.perf_counter_ns()))
     spans = []

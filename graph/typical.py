@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from dpro.run_format import BACKWARD_EVENT_PREFIX
+
 from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import does_work, has_collective_kernels, is_p2p, number
 from dpro.graph.vocabulary import (CPU_CATEGORIES, GPU_OP_CATEGORIES, GRADIENT_FAMILIES, SYNC_NAMES, is_enqueue_call,
@@ -381,8 +383,45 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
         gradients = collective_family(str(name)) in GRADIENT_FAMILIES
         for step_op in optimizer_steps[start[optimizer_steps] > start[i]][:1] if gradients else []:
             edges.append((i, int(step_op), max(0, int(start[step_op] - end[i])), "wait"))
+    edges += _hand_offs(nodes, order, start, end, comm_threads)
     _trim_idle_gaps(order, edges, start, end)
     return edges + [tuple(e) for e in order.values()]
+
+
+def _hand_offs(nodes: pd.DataFrame, order: dict[int, list], start: np.ndarray, end: np.ndarray,
+               comm_threads: set[str]) -> list[tuple[int, int, int, str]]:
+    """Backward passes run on autograd's device thread: on a GPU the engine runs them on a
+    thread of its own while the thread that called ``backward()`` sits in the call. Each pass
+    (the device thread's ops between two of the caller's) gets an edge from the caller's op
+    before it to the pass's first op (``call``) and from the pass's last op to the caller's op
+    after it (``return``); the caller's order edge across the pass keeps no lag (its measured
+    gap was the pass). The caller is the busiest other CPU thread. On the CPU the engine runs
+    the pass on the calling thread, and there is nothing to join."""
+    cpu = nodes[(nodes["kind"] == "cpu").to_numpy() & ~nodes["resource"].isin(comm_threads).to_numpy()
+                & ~nodes["resource"].astype(str).str.contains("/p2p").to_numpy()]
+    threads = {r: g.index.to_numpy() for r, g in cpu.groupby("resource", sort=False)}
+    if len(threads) < 2:
+        return []
+    names = nodes["name"].astype(str).to_numpy()
+    devices = [r for r, ids in threads.items() if names[ids[np.argmin(start[ids])]].startswith(BACKWARD_EVENT_PREFIX)]
+    edges: list[tuple[int, int, int, str]] = []
+    for device in devices:
+        caller = max((r for r in threads if r not in devices), key=lambda r: len(threads[r]), default=None)
+        if caller is None:
+            continue
+        ops = threads[device][np.argsort(start[threads[device]], kind="stable")]
+        calls = threads[caller][np.argsort(start[threads[caller]], kind="stable")]
+        after = np.searchsorted(start[calls], start[ops], "right")  # the caller's first op after each
+        for k in np.unique(after):
+            burst = ops[after == k]
+            first, last = burst[0], burst[np.argmax(end[burst])]
+            if k > 0 and end[calls[k - 1]] <= start[first]:
+                edges.append((int(calls[k - 1]), int(first), int(start[first] - end[calls[k - 1]]), "call"))
+            if k < len(calls) and start[calls[k]] >= end[last]:
+                edges.append((int(last), int(calls[k]), int(start[calls[k]] - end[last]), "return"))
+                if k > 0 and order.get(int(calls[k]), [None])[0] == calls[k - 1]:
+                    order[int(calls[k])][2] = 0
+    return edges
 
 
 def _trim_idle_gaps(order: dict[int, list], edges: list[tuple[int, int, int, str]],
