@@ -216,3 +216,32 @@ def test_a_cycle_is_refused() -> None:
     graph = DataflowGraph(nodes, edges, step_ns={0: 3.0}, start_ns={0: 0.0})
     with pytest.raises(ReplayError, match="cycle"):
         replay(graph)
+
+
+def test_a_backward_pass_on_autograd_s_device_thread_is_joined_to_the_thread_that_called_it(tmp_path: Path) -> None:
+    """On a GPU, autograd runs the backward pass on a thread of its own while the thread that
+    called ``backward()`` sits in the call: dpro's own H100 recording (tests/data/runs)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "runs" / "h100-ddp-1rank", run)
+    analysis = RunAnalysis.open(run)
+    graph = analysis.graph
+    nodes, edges = graph.nodes, graph.edges
+    names = nodes["name"].astype(str)
+    backward = names.str.startswith("autograd::engine::evaluate_function").to_numpy()
+    device_thread = set(nodes.loc[backward, "resource"])
+    assert len(device_thread) == 1, "the backward pass ran on one device thread"
+    [thread] = device_thread
+    caller = nodes.loc[names.str.startswith("Optimizer.step#").to_numpy(), "resource"].iloc[0]
+    assert caller != thread
+    call, back = edges[edges["kind"] == "call"], edges[edges["kind"] == "return"]
+    assert len(call) == len(back) == 1
+    assert nodes.at[int(call["dst"].iloc[0]), "resource"] == thread and nodes.at[int(call["src"].iloc[0]), "resource"] == caller
+    assert names.iat[int(back["dst"].iloc[0])].startswith("Optimizer.step#"), "the optimizer steps after the backward"
+    result = analysis.replay()
+    last = nodes.index[(nodes["resource"] == thread).to_numpy()]
+    step_op = int(back["dst"].iloc[0])
+    assert result.start_ns[step_op] >= result.end_ns[last].max(), "the optimizer waits for the whole backward pass"
+    assert not analysis.calibrations[0]["collectives"].get("error"), "calibrated on the GPU (NCCL takes no CPU tensor)"
+    assert analysis.calibrations[0]["collectives"]["device"] == "cuda:0"
