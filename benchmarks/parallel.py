@@ -9,9 +9,9 @@ forms (``benchmarks/testbed/job.py --form``):
   memory peak against the other's recorded one), and the resharded one twice the link rate
   (``--bandwidth-scale 2``);
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
-  8 and 2 micro-batches (``--microbatches``), the 1F1B schedule (``--schedule``; step time, and
-  for 8 micro-batches and 1F1B the memory peak against their own recordings), and half the link
-  rate.
+  8 and 2 micro-batches (``--microbatches``; 8 also from the pair of the 4 and 2 micro-batch
+  recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
+  micro-batches and 1F1B the memory peak against their own recordings), and half the link rate.
 
 Every configuration is measured :data:`REPEATS` times without any profiler, interleaved (a round
 at a time, each in a new order); the sources are recorded once, with ``dpro record``, in the
@@ -92,6 +92,8 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
              Case("fsdp: links 2x", fsdp.name, f"{tag}-fsdp-2x", {"bandwidth_scale": 2.0}),
              Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
              Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
+             Case("pp: 8 micro-batches, with the 2's recording", pp.name, f"{tag}-pp-8mb",
+                  {"microbatches": 8, "microbatch_run": f"{tag}-pp-2mb"}),
              Case("pp: 2 micro-batches", pp.name, f"{tag}-pp-2mb", {"microbatches": 2}),
              Case("pp: 1F1B", pp.name, f"{tag}-pp-1f1b", {"schedule": "1f1b"}, memory=True)]
     return configs, cases
@@ -104,7 +106,8 @@ MEMORY_SETTINGS = {"reshard_after_forward": "reshard_after_forward", "microbatch
 
 def run_seed(testbed: Testbed, seed: int, jobs: int, root: Path, repeats: int = REPEATS) -> dict:
     configs, cases = seed_cases(seed, jobs)
-    sources = sorted({c.source for c in cases} | {c.target for c in cases if c.memory})
+    sources = sorted({c.source for c in cases} | {c.target for c in cases if c.memory}
+                     | {c.change["microbatch_run"] for c in cases if "microbatch_run" in c.change})
     measured = interleaved(testbed, configs, repeats, seed, record_into=root, sources=sources)
     return score(seed, root, measured, cases)
 
@@ -133,7 +136,9 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
         replays.append({"source": name, "measured_ms": median[name], "replayed_ms": predicted,
                         "error_pct": 100 * (predicted / median[name] - 1), "form": analysis.parallelism.describe()})
     for case in cases:
-        result = predict(RunAnalysis.open(root / case.source), Change(**case.change))
+        change = {**case.change, **({"microbatch_run": str(root / case.change["microbatch_run"])}
+                                    if "microbatch_run" in case.change else {})}
+        result = predict(RunAnalysis.open(root / case.source), Change(**change))
         # anchored on the source's measured median of this run (as every what-if is on its baseline)
         ratio = result["predicted_step_ms"] / result["baseline_step_ms"]
         predicted = median[case.source] * ratio

@@ -188,6 +188,18 @@ def test_microbatch_and_schedule_whatifs_start_from_the_recorded_pipeline(pp_run
     assert other["pipeline"]["schedule"] == "1f1b" and other["pipeline"]["changed_ms"] != same["modelled_ms"]
     out = dpro("whatif", pp_run, "--schedule", "1f1b")
     assert out.returncode == 0 and "pipeline: gpipe × 4 micro-batches -> 1f1b × 4" in out.stdout, out.stderr
+    assert_one_line_error(dpro("whatif", pp_run, "--microbatches", "8", "--microbatch-run", pp_run),
+                          "both recordings", "4 micro-batches")
+
+
+def test_two_recordings_at_two_micro_batch_counts_show_each_stage_s_fixed_cost() -> None:
+    from dpro.analysis.stages import fixed_shares
+
+    def stage(m: int, fixed: float, variable: float) -> StageCost:  # one micro-batch's passes
+        return StageCost(forward_ns=fixed + variable / m, backward_ns=2 * (fixed + variable / m))
+
+    shares = fixed_shares([stage(4, 3.0, 8.0), stage(4, 0.0, 8.0)], 4, [stage(2, 3.0, 8.0), stage(2, 0.0, 8.0)], 2)
+    assert shares[0] == pytest.approx((0.6, 0.6)) and shares[1] == pytest.approx((0.0, 0.0))
 
 
 def test_a_pipeline_over_its_memory_budget_gets_a_schedule_that_fits_and_apply_runs_it(pp_run: Path,

@@ -17,8 +17,10 @@ stage waits for its sends to be delivered (:mod:`dpro.replayer.pipeline` replays
 what a smaller micro-batch would not save, is the time between ops and, of every op, what an op
 that does no work takes on that rank (the median view op, :func:`~dpro.analysis.cpu_ops.view_op_ns`);
 what a kernel or a custom op spends whatever its input's size is not seen in one recording, so
-more micro-batches are predicted to cost less than they do where that is large. A send's fixed
-part is what it took beyond its bytes at the link's measured rate (the calibration's TCP streams).
+more micro-batches are predicted to cost less than they do where that is large. A second
+recording of the same job at another micro-batch count shows it (:func:`fixed_shares`). A
+send's fixed part is what it took beyond its bytes at the link's measured rate (the
+calibration's TCP streams).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.analysis.cpu_ops import cpu_ops, view_op_ns
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["stage_costs"]
+__all__ = ["fixed_shares", "stage_costs"]
 
 BACKWARD_RANGE = re.compile(r"^Backward \d+$")
 PIPELINE_STARTS = re.compile(r"^(Forward 0|aten::tensor_split)$")
@@ -123,3 +125,22 @@ def _sends(w: WhatIf, analysis: RunAnalysis, stage_of: dict[int, int]) -> dict[i
             wire = float(nodes.at[v, "bytes"]) / rate if rate else t
             beyond.setdefault(s, []).append(max(t - wire, 0.0))
     return {s: (f, b, float(np.mean(beyond[s]))) for s, (f, b) in found.items()}
+
+
+def fixed_shares(recorded: list[StageCost], m: int, other: list[StageCost], k: int) -> list[tuple[float, float]]:
+    """Each stage's fixed share of its forward and its backward pass, fitted from two recordings
+    of the same pipeline at ``m`` and ``k`` micro-batches: a pass of a micro-batch takes
+    ``fixed + variable / M`` (``variable`` the whole batch's), so two counts give both parts."""
+    if m == k:
+        raise WhatIfError(f"both recordings split the batch into {m} micro-batches: a second count is needed")
+    if len(recorded) != len(other):
+        raise WhatIfError(f"the recordings' pipelines have {len(recorded)} and {len(other)} stages")
+    shares = []
+    for a, b in zip(recorded, other):
+        pair = []
+        for at_m, at_k in ((a.forward_ns, b.forward_ns), (a.backward_ns, b.backward_ns)):
+            variable = (at_m - at_k) / (1 / m - 1 / k)
+            fixed = at_m - variable / m
+            pair.append(min(max(fixed / at_m, 0.0), 1.0) if at_m > 0 else 0.0)
+        shares.append((pair[0], pair[1]))
+    return shares

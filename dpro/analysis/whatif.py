@@ -89,7 +89,7 @@ from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu
                                    top_level, view_op_ns)
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
-from dpro.analysis.stages import stage_costs
+from dpro.analysis.stages import fixed_shares, stage_costs
 
 __all__ = ["COMPRESSIONS", "Change", "CostModel", "Prediction", "predict"]
 
@@ -115,6 +115,7 @@ class Change:
     reshard_after_forward: bool | None = None  # FSDP2's, for every unit
     microbatches: int | None = None  # a pipeline's, the same batch per step
     schedule: str | None = None  # a pipeline's: gpipe | 1f1b
+    microbatch_run: str | None = None  # a recording of the same pipeline at another micro-batch count
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True,
@@ -210,7 +211,7 @@ class Prediction:
         result = w.replay()
         changed = result.step_ns
         if change.microbatches is not None or change.schedule is not None:
-            details["pipeline"] = _pipeline(w, analysis, change.microbatches, change.schedule)
+            details["pipeline"] = _pipeline(w, analysis, change.microbatches, change.schedule, change.microbatch_run)
             factor = details["pipeline"]["changed_ms"] / details["pipeline"]["modelled_ms"]
             changed = {r: ns * factor for r, ns in changed.items()}
         baseline = analysis.unprofiled_step_ns
@@ -226,15 +227,27 @@ class Prediction:
         return cls(summary, replace(w.graph, edges=w.edges), result)
 
 
-def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedule: str | None) -> dict[str, Any]:
+def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedule: str | None,
+              other_run: str | None = None) -> dict[str, Any]:
     """The pipeline's step under another micro-batch count and schedule
     (:mod:`dpro.replayer.pipeline`, over the stages' costs :func:`~dpro.analysis.stages.stage_costs`
     reads from the graph as changed so far): the replayed step scales by the schedule model's
-    changed step over its recorded one. The timeline (the changed graph's replay) stays the
-    recorded schedule's."""
+    changed step over its recorded one. With ``other_run``, a recording of the same job at
+    another micro-batch count, each stage's passes take the fixed shares the two show
+    (:func:`~dpro.analysis.stages.fixed_shares`). The timeline (the changed graph's replay)
+    stays the recorded schedule's."""
     costs = stage_costs(w, analysis)
     pipeline = analysis.parallelism.pipeline or {}
     recorded_m = int(pipeline["microbatches"])
+    fitted = other_run is not None
+    if fitted:
+        other = RunAnalysis.open(other_run)
+        if other.parallelism.pipeline is None:
+            raise WhatIfError(f"{other_run} is not a recording of a pipeline")
+        shares = fixed_shares(costs, recorded_m, stage_costs(CostModel(other).what_if(), other),
+                              int(other.parallelism.pipeline["microbatches"]))
+        costs = [replace(c, forward_fixed_ns=f * c.forward_ns, backward_fixed_ns=b * c.backward_ns)
+                 for c, (f, b) in zip(costs, shares)]
     try:
         recorded = schedule_name(str(pipeline["schedule"]))
     except ValueError as e:
@@ -253,6 +266,8 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
             "stages": [{"forward_ms": c.forward_ns / 1e6, "backward_ms": c.backward_ns / 1e6,
                         "fixed_share": (c.forward_fixed_ns + c.backward_fixed_ns) / max(c.forward_ns + c.backward_ns, 1.0)}
                        for c in costs],
+            "fixed_from": f"the recordings at {recorded_m} and {other.parallelism.pipeline['microbatches']} micro-batches"
+                          if fitted else "the time between ops and per-op overhead (one recording)",
             "timeline": "the recorded schedule's"}
 
 
@@ -528,8 +543,10 @@ the same job over more ranks)."""
 def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     """A one-line error for a change this job's parallelism has no model of."""
     parallelism = analysis.parallelism
-    piped = [flag for flag, value in (("--microbatches", change.microbatches), ("--schedule", change.schedule))
-             if value is not None]
+    piped = [flag for flag, value in (("--microbatches", change.microbatches), ("--schedule", change.schedule),
+                                      ("--microbatch-run", change.microbatch_run)) if value is not None]
+    if change.microbatch_run is not None and change.microbatches is None and change.schedule is None:
+        raise DproError("--microbatch-run goes with --microbatches or --schedule")
     if piped and parallelism.pipeline is None:
         raise DproError(f"{' and '.join(piped)} apply to pipeline-parallel jobs; this job is {parallelism.describe()}")
     if parallelism.data_parallel_only:

@@ -51,13 +51,16 @@ class Compression(click.ParamType):
               help="Pipeline: the step's batch in M micro-batches (the same batch per step).")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]),
               help="Pipeline: GPipe (every forward, then every backward) or 1F1B.")
+@click.option("--microbatch-run", type=click.Path(exists=True, file_okay=False), metavar="RUN2",
+              help="Pipeline: a recording of the same job at another micro-batch count; the two show what "
+                   "each stage's passes cost whatever the micro-batch's size.")
 @click.option("--no-interference", is_flag=True,
               help="Ops keep their recorded durations whatever their overlap with communication.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
            accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, reshard_after_forward: bool | None,
-           microbatches: int | None, schedule: str | None, no_interference: bool, as_json: bool,
+           microbatches: int | None, schedule: str | None, microbatch_run: str | None, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -67,7 +70,7 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
                     fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward,
-                    microbatches=microbatches, schedule=schedule)
+                    microbatches=microbatches, schedule=schedule, microbatch_run=microbatch_run)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
                                "--compress, --accumulate, --fuse-ops, --world-size, --[no-]reshard-after-forward, "
@@ -96,7 +99,9 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
                    f"{pipeline['microbatches']}: the stages' schedule replayed at {pipeline['modelled_ms']:.1f} -> "
                    f"{pipeline['changed_ms']:.1f} ms; fixed share of the passes "
                    + ", ".join(f"stage {i} {100 * st['fixed_share']:.0f}%" for i, st in enumerate(pipeline["stages"]))
-                   + " (what a kernel or custom op spends whatever its size is not seen: more micro-batches err low)")
+                   + (f" (from {pipeline['fixed_from']})" if microbatch_run else
+                      " (what a kernel or custom op spends whatever its size is not seen in one recording: more "
+                      "micro-batches err low; --microbatch-run adds a second)"))
     slowdown = result["interference"]
     click.echo("interference: " + ("none" if slowdown is None else
                                    f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "
