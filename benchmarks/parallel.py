@@ -148,6 +148,9 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
                        "true_change_pct": 100 * (truth / median[case.source] - 1),
                        "error_pct": 100 * (predicted / truth - 1),
                        "no_change_pct": 100 * (median[case.source] / truth - 1)})
+        if "predicted_range_ms" in result and result["predicted_range_ms"][0] != result["predicted_range_ms"][1]:
+            low, high = (median[case.source] * b / result["baseline_step_ms"] for b in result["predicted_range_ms"])
+            scored[-1].update(range_ms=[low, high], inside_range=bool(low <= truth <= high))
         if case.memory:
             source = RunAnalysis.open(root / case.source)
             memory = rank_memory(source)
@@ -204,6 +207,7 @@ def summary(result: dict, label: str) -> list[dict]:
     memory = [c for c in cs if "memory_error_pct" in c]
     worst_memory = max((abs(c["memory_error_pct"]) for c in memory), default=float("nan"))
     halved = sum(abs(c["error_pct"]) <= abs(c["no_change_pct"]) / 2 for c in large)
+    ranged = [c for c in cs if "inside_range" in c]
     worst_replay = max(abs(r["error_pct"]) for r in replays)
     return [row("noise floor: max spread % of identical configurations (baseline: median)", max(noise),
                 float(np.median(noise)), "<= 3", max(noise) <= 3),
@@ -215,6 +219,9 @@ def summary(result: dict, label: str) -> list[dict]:
                 max(abs(c["no_change_pct"]) for c in cs), f"<= {GOAL_MAX:g}", max(errors) <= GOAL_MAX),
             row(f"changes >= 10%: error <= half no change's (of {len(large)})", halved, len(large),
                 f"{len(large)} of {len(large)}", bool(large) and halved == len(large)),
+            row(f"stated ranges (micro-batches from one recording): the measured step inside (of {len(ranged)})",
+                sum(c["inside_range"] for c in ranged), len(ranged), f"{len(ranged)} of {len(ranged)}",
+                bool(ranged) and all(c["inside_range"] for c in ranged)),
             row("memory estimate: max |error| % of the measured peak (baseline: no change's max)", worst_memory,
                 max((abs(c["memory_no_change_pct"]) for c in memory), default=float("nan")), "<= 10",
                 worst_memory <= 10)]
@@ -228,11 +235,21 @@ def print_seed(result: dict) -> None:
     print(table([("source", "form", "measured ms", "replayed ms", "error %")] + [
         (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}")
         for r in result["replays"]]))
-    print("\nwhat-ifs")
-    print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %")] + [
+    print("\nwhat-ifs (range: what one recording allows, where the ops' fixed cost decides)")
+    print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %",
+                  "range ms")] + [
         (f"{c['case']} ({c['source']})", f"{c['source_ms']:.1f}", f"{c['measured_ms']:.1f}",
          f"{c['true_change_pct']:+.1f}", f"{c['predicted_ms']:.1f}", f"{c['error_pct']:+.1f}",
-         f"{c['no_change_pct']:+.1f}") for c in result["cases"]]))
+         f"{c['no_change_pct']:+.1f}",
+         f"{c['range_ms'][0]:.0f}-{c['range_ms'][1]:.0f}{'' if c['inside_range'] else ' (outside)'}"
+         if "range_ms" in c else "") for c in result["cases"]]))
+    families: dict[str, list[dict]] = {}
+    for c in result["cases"]:
+        families.setdefault(c["case"], []).append(c)
+    print("\nwhat-ifs by kind of change: mean |error| % (no change's)")
+    print(table([("change", "cases", "mean |error| %", "no change %")] + [
+        (name, str(len(cs)), f"{np.mean([abs(c['error_pct']) for c in cs]):.1f}",
+         f"{np.mean([abs(c['no_change_pct']) for c in cs]):.1f}") for name, cs in families.items()]))
     memory = [c for c in result["cases"] if "memory_error_pct" in c]
     if memory:
         print("\nmemory peak (the most any rank needs), estimated against the target's own recording")
@@ -258,16 +275,19 @@ def run_testbed(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[
                             cwd=frozen.ROOT).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", *frozen.MODEL_SOURCES], capture_output=True, text=True,
                            cwd=frozen.ROOT).stdout.strip()
+    model = frozen.model_version()  # as the run starts: the source may change while it runs
     label = "tuning" if seed == TUNING_SEED else "scoring"
     with Testbed() as testbed:
         result = run_seed(testbed, seed, jobs, root)
         print_seed(result)
         if testbed.retried:
             print(f"\nruns repeated after a failed start: {', '.join(testbed.retried)}")
+    now = frozen.model_version()
     print(f"\nmodel: commit {commit}{' with uncommitted changes' if dirty else ''}, "
-          f"hash {frozen.model_version()}; seed {seed} ({label})")
+          f"hash {model}; seed {seed} ({label})"
+          + ("" if now == model else f"; THE MODEL'S SOURCE CHANGED WHILE IT RAN (now {now}): not scored as frozen"))
     print(f"runs kept in {root}")
-    return summary(result, label), {**result, "commit": commit, "model": frozen.model_version(),
+    return summary(result, label), {**result, "commit": commit, "model": model, "model_at_end": now,
                                     "uncommitted": bool(dirty), "label": label}
 
 

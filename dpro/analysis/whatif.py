@@ -222,6 +222,10 @@ class Prediction:
                              "predicted_step_ms": anchored / 1e6, "unanchored_step_ms": changed[r] / 1e6})
         job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms",
                                                         "predicted_step_ms", "unanchored_step_ms")}
+        if "pipeline" in details:  # the step the other extreme of the passes' fixed part would give
+            pipeline = details["pipeline"]
+            job["predicted_range_ms"] = [job["predicted_step_ms"] * b / pipeline["changed_ms"]
+                                         for b in pipeline["changed_range_ms"]]
         summary = {**job, "change": {k: v for k, v in asdict(change).items() if v is not None}, **details,
                    **({"ranks_folded": w.folded} if model.fold else {}), "per_rank": per_rank}
         return cls(summary, replace(w.graph, edges=w.edges), result)
@@ -261,8 +265,13 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
         raise WhatIfError(f"1F1B needs at least as many micro-batches as stages ({len(costs)}), not {m}")
     modelled = step_ns(costs, recorded_m, recorded)
     changed = step_ns(costs, m, name, size=recorded_m / m)
+    if not fitted and m != recorded_m:  # the passes' fixed part unknown: from what was seen to all of them
+        all_fixed = [replace(c, forward_fixed_ns=c.forward_ns, backward_fixed_ns=c.backward_ns) for c in costs]
+        bounds = sorted((changed, step_ns(all_fixed, m, name, size=recorded_m / m)))
+    else:
+        bounds = [changed, changed]
     return {"microbatches": m, "schedule": name, "recorded": {"microbatches": recorded_m, "schedule": recorded},
-            "modelled_ms": modelled / 1e6, "changed_ms": changed / 1e6,
+            "modelled_ms": modelled / 1e6, "changed_ms": changed / 1e6, "changed_range_ms": [b / 1e6 for b in bounds],
             "stages": [{"forward_ms": c.forward_ns / 1e6, "backward_ms": c.backward_ns / 1e6,
                         "fixed_share": (c.forward_fixed_ns + c.backward_fixed_ns) / max(c.forward_ns + c.backward_ns, 1.0)}
                        for c in costs],

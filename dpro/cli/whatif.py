@@ -102,6 +102,11 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
                    + (f" (from {pipeline['fixed_from']})" if microbatch_run else
                       " (what a kernel or custom op spends whatever its size is not seen in one recording: more "
                       "micro-batches err low; --microbatch-run adds a second)"))
+    if pipeline and "predicted_range_ms" in result and result["predicted_range_ms"][0] != result["predicted_range_ms"][1]:
+        low, high = result["predicted_range_ms"]
+        click.echo(f"pipeline: between {low:.1f} and {high:.1f} ms a step, from the ops' fixed cost as seen (time "
+                   "between ops, per-op overhead) to all of it: one recording does not tell; --microbatch-run RUN2 "
+                   "(the job at another micro-batch count) does")
     slowdown = result["interference"]
     click.echo("interference: " + ("none" if slowdown is None else
                                    f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "
