@@ -208,6 +208,7 @@ def summary(result: dict, label: str) -> list[dict]:
     worst_memory = max((abs(c["memory_error_pct"]) for c in memory), default=float("nan"))
     halved = sum(abs(c["error_pct"]) <= abs(c["no_change_pct"]) / 2 for c in large)
     ranged = [c for c in cs if "inside_range" in c]
+    width = float(np.median([100 * (c["range_ms"][1] / c["range_ms"][0] - 1) for c in ranged])) if ranged else float("nan")
     worst_replay = max(abs(r["error_pct"]) for r in replays)
     return [row("noise floor: max spread % of identical configurations (baseline: median)", max(noise),
                 float(np.median(noise)), "<= 3", max(noise) <= 3),
@@ -219,7 +220,8 @@ def summary(result: dict, label: str) -> list[dict]:
                 max(abs(c["no_change_pct"]) for c in cs), f"<= {GOAL_MAX:g}", max(errors) <= GOAL_MAX),
             row(f"changes >= 10%: error <= half no change's (of {len(large)})", halved, len(large),
                 f"{len(large)} of {len(large)}", bool(large) and halved == len(large)),
-            row(f"stated ranges (micro-batches from one recording): the measured step inside (of {len(ranged)})",
+            row(f"stated ranges (micro-batches from one recording): the measured step inside (of {len(ranged)}; "
+                f"median width {width:.0f}% of the low end)",
                 sum(c["inside_range"] for c in ranged), len(ranged), f"{len(ranged)} of {len(ranged)}",
                 bool(ranged) and all(c["inside_range"] for c in ranged)),
             row("memory estimate: max |error| % of the measured peak (baseline: no change's max)", worst_memory,

@@ -142,10 +142,11 @@ class Applier:
         if getattr(_fully_shard, "fully_shard", None) is original:
             _fully_shard.fully_shard = fully_shard
 
-    def install_pipeline(self, log_error: Callable[[str, BaseException], None]) -> None:
+    def install_pipeline(self) -> None:
         """Replace ``torch.distributed.pipelining``'s ``ScheduleGPipe`` and ``Schedule1F1B`` with
         builders of the strategy's schedule and micro-batch count (only when the strategy sets
-        one: the import is not free)."""
+        one: the import is not free). The builders are functions: a script that subclasses the
+        classes, or tests ``isinstance`` against them, is not served."""
         count, name = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
         if count is None and name is None:
             return

@@ -37,6 +37,7 @@ meanwhile, and the job's random number generators are left as they were.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -78,11 +79,11 @@ def quietly() -> Iterator[None]:
 # --- the profiler's cost -----------------------------------------------------------------------
 
 
-def _known_work(torch: Any, on_gpu: bool = False) -> Callable[[], None]:
+def _known_work(torch: Any, device: Any = None) -> Callable[[], None]:
     """A span of training steps of a tiny model: the kinds of ops a job runs (linear layers,
-    activations, a norm, autograd, an optimizer), each a few profiler events; ``on_gpu``: on
-    the current GPU, to the end of its kernels."""
-    net, optimizer, x = _tiny_model(torch, on_gpu)
+    activations, a norm, autograd, an optimizer), each a few profiler events; on ``device``
+    (a GPU; default the CPU), to the end of its kernels."""
+    net, optimizer, x = _tiny_model(torch, device)
 
     def work() -> None:
         for _ in range(KNOWN_WORK_STEPS):
@@ -90,33 +91,33 @@ def _known_work(torch: Any, on_gpu: bool = False) -> Callable[[], None]:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        if on_gpu:
-            torch.cuda.synchronize()
+        if device is not None:
+            torch.cuda.synchronize(device)
 
     return work
 
 
-def _known_forward_work(torch: Any, on_gpu: bool = False) -> Callable[[], None]:
+def _known_forward_work(torch: Any, device: Any = None) -> Callable[[], None]:
     """A span of the tiny model's forward passes without autograd: ops that are not backward
     functions, single (an activation) and nesting others (a linear layer's transpose and matmul)."""
-    net, _, x = _tiny_model(torch, on_gpu)
+    net, _, x = _tiny_model(torch, device)
 
     def work() -> None:
         with torch.no_grad():
             for _ in range(FORWARD_WORK_STEPS):
                 net(x).square().mean()
-        if on_gpu:
-            torch.cuda.synchronize()
+        if device is not None:
+            torch.cuda.synchronize(device)
 
     return work
 
 
-def _tiny_model(torch: Any, on_gpu: bool = False) -> tuple[Any, Any, Any]:
+def _tiny_model(torch: Any, device: Any = None) -> tuple[Any, Any, Any]:
     generator = torch.Generator().manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 32))
     x = torch.randn(16, 32, generator=generator)
-    if on_gpu:
-        net, x = net.cuda(), x.cuda()
+    if device is not None:
+        net, x = net.to(device), x.to(device)
     return net, torch.optim.SGD(net.parameters(), lr=1e-3), x
 
 
@@ -149,8 +150,9 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
     import torch
 
     on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = job_gpu(torch) if on_gpu else None
     clock = time.perf_counter_ns if on_gpu else time.thread_time_ns
-    forward, training = _known_forward_work(torch, on_gpu), _known_work(torch, on_gpu)
+    forward, training = _known_forward_work(torch, device), _known_work(torch, device)
     forward()  # warm up the ops' code paths
     training()
     # the same work records the same events: counted once (building the events costs seconds)
@@ -174,7 +176,7 @@ def profiler_cost(make_profiler: Callable[[], Any], rounds: int = ROUNDS) -> dic
                 "profiled_span_ns": float(statistics.median(s.profiled_ns for s in spans)), "rounds_ns": estimates}
 
     return {"forward": summary(rounds_f, spans_f, forward_events),
-            "backward": summary(rounds_b, spans_t, backward_events), "device": "cuda" if on_gpu else "cpu"}
+            "backward": summary(rounds_b, spans_t, backward_events), "device": str(device) if on_gpu else "cpu"}
 
 
 @dataclass
@@ -290,7 +292,7 @@ class Device:
     @classmethod
     def of(cls, torch: Any, dist: Any) -> "Device":
         if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
+            device = job_gpu(torch, dist)
             return cls(device, lambda: torch.cuda.synchronize(device))
         return cls(torch.device("cpu"), lambda: None)
 
@@ -299,6 +301,19 @@ class Device:
         if self.device.type == "cpu":
             return torch.frombuffer(bytearray(4 * numel), dtype=torch.float32)
         return torch.zeros(numel, device=self.device)
+
+
+def job_gpu(torch: Any, dist: Any = None) -> Any:
+    """The GPU this rank's job uses: the default group's bound device (``init_process_group(device_id=...)``),
+    else ``LOCAL_RANK``'s (as torchrun numbers a host's ranks; a job that never calls ``set_device``
+    puts its tensors there), else the current device."""
+    group = dist.distributed_c10d._get_default_group() if dist is not None and dist.is_initialized() else None
+    bound = getattr(group, "bound_device_id", None)
+    if bound is not None:
+        return bound
+    local = os.environ.get("LOCAL_RANK")
+    index = int(local) % torch.cuda.device_count() if local is not None else torch.cuda.current_device()
+    return torch.device("cuda", index)
 
 
 def _sweep(torch: Any, dist: Any, call: Callable[[int], None], facts: dict[str, Any], on: Device) -> list[dict[str, Any]]:
@@ -339,11 +354,18 @@ def _collective(torch: Any, dist: Any, coll: str, n: int, on: Device) -> Callabl
 
 
 def _ring_send(torch: Any, dist: Any, rank: int, n: int, nbytes: int, on: Device) -> None:
-    """Send ``nbytes`` to the next rank while receiving as much from the previous."""
+    """Send ``nbytes`` to the next rank while receiving as much from the previous (on a GPU as
+    one batch: NCCL queues a pair's send and receive one behind the other, and two ranks that
+    each sent first would wait for each other)."""
     out, into = torch.empty(nbytes // 4, device=on.device), torch.empty(nbytes // 4, device=on.device)
-    sent = dist.isend(out, (rank + 1) % n)
-    dist.recv(into, (rank - 1) % n)
-    sent.wait()
+    if on.device.type == "cuda":
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, (rank + 1) % n),
+                                            dist.P2POp(dist.irecv, into, (rank - 1) % n)]):
+            work.wait()
+    else:
+        sent = dist.isend(out, (rank + 1) % n)
+        dist.recv(into, (rank - 1) % n)
+        sent.wait()
     on.sync()
 
 
@@ -423,6 +445,9 @@ def _interference(torch: Any, dist: Any, rows: list[dict[str, Any]], on: Device)
     nbytes = int(agreed.item())
     if not nbytes:
         return {}
+    if on.device.type != "cpu":  # NCCL's future completes at launch, and CPU work is not what shares a GPU
+        return {"skipped": "on a GPU, the job's kernels and NCCL's share the device: the known work on the "
+                           "CPU does not measure it"}
     work = _known_work(torch)
     work()
     compute_alone = _span_ns(work, clock=time.perf_counter_ns)

@@ -384,7 +384,7 @@ def _on_torch_imported(torch: Any) -> None:
             if rec.applier is not None:
                 for install in (lambda: rec.applier.install(DistributedDataParallel, rec.log_error),
                                 lambda: rec.applier.install_fsdp(rec.log_error),
-                                lambda: rec.applier.install_pipeline(rec.log_error)):
+                                rec.applier.install_pipeline):
                     try:
                         install()
                     except Exception as e:  # the job runs as written; dpro records on

@@ -60,7 +60,8 @@ class DataflowGraph:
     to the earliest rank's step start), ``coll`` (collective name), ``bytes`` (of a send or a
     collective, NaN if unknown), ``events`` (profiler events a CPU node spans: itself and the
     calls nested in it; 0 elsewhere). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``
-    (``order``, ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``).
+    (``order``, ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``; ``call`` and
+    ``return`` join a backward pass on autograd's device thread to the thread that called it).
     ``wraps``: ``src``, ``dst``, ``lag_ns``: from the last op of each thread or stream to its
     first op, with the gap measured between consecutive profiled steps (one step to the next;
     see :mod:`dpro.graph.typical`). ``step_ns``: the profiled window's median step time per rank

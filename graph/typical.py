@@ -395,8 +395,12 @@ def _hand_offs(nodes: pd.DataFrame, order: dict[int, list], start: np.ndarray, e
     (the device thread's ops between two of the caller's) gets an edge from the caller's op
     before it to the pass's first op (``call``) and from the pass's last op to the caller's op
     after it (``return``); the caller's order edge across the pass keeps no lag (its measured
-    gap was the pass). The caller is the busiest other CPU thread. On the CPU the engine runs
-    the pass on the calling thread, and there is nothing to join."""
+    gap was the pass). An op of the caller's that spans the pass (a ``record_function`` around
+    ``backward()``, GPipe's ``Backward i``) stays as recorded: the edges go to the ops on either
+    side of it. The caller is the busiest other CPU thread. On a rank with no GPU op the engine
+    runs the pass on the calling thread, and there is nothing to join."""
+    if not (nodes["kind"] == "gpu").any():
+        return []
     cpu = nodes[(nodes["kind"] == "cpu").to_numpy() & ~nodes["resource"].isin(comm_threads).to_numpy()
                 & ~nodes["resource"].astype(str).str.contains("/p2p").to_numpy()]
     threads = {r: g.index.to_numpy() for r, g in cpu.groupby("resource", sort=False)}
@@ -412,15 +416,18 @@ def _hand_offs(nodes: pd.DataFrame, order: dict[int, list], start: np.ndarray, e
         ops = threads[device][np.argsort(start[threads[device]], kind="stable")]
         calls = threads[caller][np.argsort(start[threads[caller]], kind="stable")]
         after = np.searchsorted(start[calls], start[ops], "right")  # the caller's first op after each
+        ends = end[calls]  # top-level ops of one thread: their ends are in order too
         for k in np.unique(after):
             burst = ops[after == k]
             first, last = burst[0], burst[np.argmax(end[burst])]
-            if k > 0 and end[calls[k - 1]] <= start[first]:
-                edges.append((int(calls[k - 1]), int(first), int(start[first] - end[calls[k - 1]]), "call"))
-            if k < len(calls) and start[calls[k]] >= end[last]:
-                edges.append((int(last), int(calls[k]), int(start[calls[k]] - end[last]), "return"))
-                if k > 0 and order.get(int(calls[k]), [None])[0] == calls[k - 1]:
-                    order[int(calls[k])][2] = 0
+            before = int(np.searchsorted(ends, start[first], "right")) - 1  # the last op ended before the pass
+            resume = k + int(np.searchsorted(start[calls[k:]], end[last], "left"))  # the first begun after it
+            if before >= 0:
+                edges.append((int(calls[before]), int(first), int(start[first] - ends[before]), "call"))
+            if resume < len(calls):
+                edges.append((int(last), int(calls[resume]), int(start[calls[resume]] - end[last]), "return"))
+                if before >= 0 and order.get(int(calls[resume]), [None])[0] == calls[before]:
+                    order[int(calls[resume])][2] = 0
     return edges
 
 

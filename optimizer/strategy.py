@@ -52,11 +52,11 @@ from typing import Any
 from dpro.analysis.whatif import Change
 from dpro.collectors.apply import CODE_CHANGES
 from dpro.errors import DproError
+from dpro.replayer.pipeline import SCHEDULES
 
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
 HOOKS = ("fp16", "bf16", "powersgd")
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
             "reshard_after_forward", "pipeline_microbatches", "pipeline_schedule")
@@ -154,7 +154,7 @@ class Strategy:
                          "  # every unit, the root too")
         m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
         if m or schedule:
-            cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}.get(schedule or "", "YourSchedule")
+            cls = SCHEDULES.get(schedule or "", "YourSchedule")
             lines.append(f"schedule = {cls}(stage, n_microbatches={m if m else '...'}, loss_fn=...)"
                          "  # torch.distributed.pipelining")
         if self.settings.get("torch_compile"):
@@ -215,8 +215,8 @@ def validate(settings: dict[str, Any]) -> None:
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise StrategyError(f"pipeline_microbatches must be a positive number of micro-batches, not {m!r}")
     schedule = settings.get("pipeline_schedule")
-    if schedule is not None and schedule not in PIPELINE_SCHEDULES:
-        raise StrategyError(f"pipeline_schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, not {schedule!r}")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise StrategyError(f"pipeline_schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
     for name in ("gradient_as_bucket_view", "static_graph", "torch_compile"):
         if settings.get(name) is not None and settings[name] is not True:
             raise StrategyError(f"{name} can only be true (the default is false), not {settings[name]!r}")

@@ -4,8 +4,12 @@ Each stage runs its micro-batches' forward (``F``) and backward (``B``) passes i
 schedule gives (:func:`stage_order`), one at a time. A stage's forward of micro-batch ``i``
 needs the previous stage's (its activation, sent over their link), its backward the next
 stage's (the gradient, sent back); the last stage's backward follows its own forward. A send
-starts when its pass ends and the link is free (one send at a time each way), and does not
-hold the sending stage (sends are asynchronous, as ``torch.distributed.pipelining``'s are).
+starts when its pass has ended and the link is free (one send at a time each way) and takes
+what the recording's sends took, waiting for their receivers included (as the recorded graph
+times them). A stage waits for its own sends as torch's schedules do: ``ScheduleGPipe`` for
+all its forward sends before its first backward pass and for the rest at the step's end;
+``Schedule1F1B`` for each send before its next pass (it waits for it, or batches it with the
+next receive).
 
 A pass of a micro-batch ``size`` times the recorded one takes ``fixed + (time - fixed) * size``:
 its fixed part (the calls' overhead) whatever the batch, the rest in proportion; so does a send.
@@ -39,7 +43,8 @@ class StageCost:
     backward_fixed_ns: float = 0.0
     send_forward_ns: float = 0.0
     send_backward_ns: float = 0.0
-    send_fixed_ns: float = 0.0
+    send_forward_fixed_ns: float = 0.0
+    send_backward_fixed_ns: float = 0.0
     before_ns: float = 0.0
     after_ns: float = 0.0
 
@@ -85,13 +90,14 @@ def step_ns(costs: list[StageCost], microbatches: int, schedule: str, size: floa
         raise ValueError("a pipeline needs a stage and a micro-batch")
     forward = [_scaled(c.forward_ns, c.forward_fixed_ns, size) for c in costs]
     backward = [_scaled(c.backward_ns, c.backward_fixed_ns, size) for c in costs]
-    send_f = [_scaled(c.send_forward_ns, c.send_fixed_ns, size) for c in costs]
-    send_b = [_scaled(c.send_backward_ns, c.send_fixed_ns, size) for c in costs]
+    send_f = [_scaled(c.send_forward_ns, c.send_forward_fixed_ns, size) for c in costs]
+    send_b = [_scaled(c.send_backward_ns, c.send_backward_fixed_ns, size) for c in costs]
     orders = [stage_order(schedule, s, stages, microbatches) for s in range(stages)]
-    done: dict[tuple[str, int, int], float] = {}  # (pass, stage, micro-batch) -> when its input is at the stage
-    arrived: dict[tuple[str, int, int], float] = {}
+    done: dict[tuple[str, int, int], float] = {}  # (pass, stage, micro-batch) -> its end
+    delivered: dict[tuple[str, int, int], float] = {}  # the same key: when its output was at its receiver
     link_free = {("F", s): 0.0 for s in range(stages)} | {("B", s): 0.0 for s in range(stages)}
     clock = [c.before_ns for c in costs]
+    last_sent: list[tuple[str, int, int] | None] = [None] * stages
     nxt = [0] * stages
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -99,23 +105,23 @@ def step_ns(costs: list[StageCost], microbatches: int, schedule: str, size: floa
         for s in range(stages):
             while nxt[s] < len(orders[s]):
                 kind, i = orders[s][nxt[s]]
-                if kind == "F":
-                    ready = 0.0 if s == 0 else arrived.get(("F", s, i))
-                else:
-                    ready = done.get(("F", s, i)) if s == stages - 1 else arrived.get(("B", s, i))
-                if ready is None:
-                    break
+                inputs = [("F", s - 1, i)] if kind == "F" and s > 0 else [("B", s + 1, i)] if kind == "B" and s < stages - 1 else []
+                own = [last_sent[s]] if schedule == "1f1b" and last_sent[s] is not None else []
+                if schedule == "gpipe" and kind == "B" and i == 0 and s < stages - 1:
+                    own = [("F", s, j) for j in range(microbatches)]  # ScheduleGPipe's wait before its backward
+                if any(w not in delivered for w in inputs):
+                    break  # not sent yet
+                ready = max([delivered[w] for w in inputs + own] + [done.get(("F", s, i), 0.0) if kind == "B" else 0.0])
                 end = max(clock[s], ready) + (forward[s] if kind == "F" else backward[s])
                 clock[s] = done[(kind, s, i)] = end
-                peer = s + 1 if kind == "F" else s - 1
-                if 0 <= peer < stages:
-                    start = max(end, link_free[(kind, s)])
-                    link_free[(kind, s)] = start + (send_f[s] if kind == "F" else send_b[s])
-                    arrived[(kind, peer, i)] = link_free[(kind, s)]
+                if (kind == "F" and s < stages - 1) or (kind == "B" and s > 0):  # its output, sent on
+                    begin = max(end, link_free[(kind, s)])
+                    link_free[(kind, s)] = delivered[(kind, s, i)] = begin + (send_f[s] if kind == "F" else send_b[s])
+                    last_sent[s] = (kind, s, i)
                 nxt[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:  # cannot happen for the schedules above; a guard against a bad order
             raise ValueError(f"the {schedule} order deadlocks over {stages} stages")
-    delivered = [max(link_free[("F", s)], link_free[("B", s)]) for s in range(stages)]
-    return max(max(clock[s], delivered[s]) + costs[s].after_ns for s in range(stages))
+    sends_done = [max([t for (_, p, _), t in delivered.items() if p == s], default=0.0) for s in range(stages)]
+    return max(max(clock[s], sends_done[s]) + costs[s].after_ns for s in range(stages))

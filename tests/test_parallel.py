@@ -171,6 +171,8 @@ def test_a_pipeline_schedule_is_replayed_in_the_order_torch_runs_it() -> None:
         "under 1F1B the slow stage starts its backward passes earlier"
     sent = [StageCost(forward_ns=10, backward_ns=20, send_forward_ns=15), StageCost(forward_ns=10, backward_ns=20, send_backward_ns=15)]
     assert step_ns(sent, 1, "gpipe") == 10 + 15 + 10 + 20 + 15 + 20
+    # 1F1B waits for each send before its next pass; GPipe for its forward sends before its backward
+    assert (step_ns(sent, 2, "gpipe"), step_ns(sent, 2, "1f1b")) == (125, 135)
     fixed = [StageCost(forward_ns=10, backward_ns=20, forward_fixed_ns=10, backward_fixed_ns=20)] * 2
     assert step_ns(fixed, 8, "gpipe", size=0.5) == 9 * 30, "a pass that is all fixed cost takes as long at half the size"
 
@@ -182,7 +184,9 @@ def test_microbatch_and_schedule_whatifs_start_from_the_recorded_pipeline(pp_run
     replayed_ms = float(np.mean(list(model.replayed_ns.values()))) / 1e6
     same = model.predict(Change(microbatches=4)).summary["pipeline"]
     assert same["changed_ms"] == pytest.approx(same["modelled_ms"])
-    assert same["modelled_ms"] == pytest.approx(replayed_ms, rel=0.1), "the stages' costs add up to the graph's replay"
+    # loosely on this ms-scale CPU job, whose few-hundred-µs ops and sends vary from one recording to the next
+    # (seen: -14% to +24%); the benchmark's testbed pipelines agree within 2%
+    assert same["modelled_ms"] == pytest.approx(replayed_ms, rel=0.35), "the stages' costs add up to the graph's replay"
     assert same["recorded"] == {"microbatches": 4, "schedule": "gpipe"}
     other = model.predict(Change(microbatches=8, schedule="1f1b")).summary
     assert other["pipeline"]["schedule"] == "1f1b" and other["pipeline"]["changed_ms"] != same["modelled_ms"]
@@ -190,6 +194,19 @@ def test_microbatch_and_schedule_whatifs_start_from_the_recorded_pipeline(pp_run
     assert out.returncode == 0 and "pipeline: gpipe × 4 micro-batches -> 1f1b × 4" in out.stdout, out.stderr
     assert_one_line_error(dpro("whatif", pp_run, "--microbatches", "8", "--microbatch-run", pp_run),
                           "both recordings", "4 micro-batches")
+
+
+def test_a_backward_pass_on_a_device_thread_is_joined_around_an_op_that_spans_it() -> None:
+    from dpro.graph.typical import _hand_offs
+
+    names = ["aten::ones_like", "Backward 0", "Optimizer.step#SGD.step", "autograd::engine::evaluate_function: A",
+             "autograd::engine::evaluate_function: B", "sgemm"]
+    nodes = pd.DataFrame({"name": names, "kind": ["cpu"] * 5 + ["gpu"],
+                          "resource": ["cpu/1"] * 3 + ["cpu/2"] * 2 + ["gpu/7"]})
+    start, end = np.array([0, 12, 105, 15, 55, 20]), np.array([10, 100, 120, 50, 95, 30])
+    order = {1: [0, 1, 2, "order"], 2: [1, 2, 5, "order"], 4: [3, 4, 5, "order"]}
+    assert sorted(_hand_offs(nodes, order, start, end, set())) == [(0, 3, 5, "call"), (4, 2, 10, "return")]
+    assert _hand_offs(nodes.assign(kind="cpu"), order, start, end, set()) == [], "no GPU: the engine ran on the caller"
 
 
 def test_two_recordings_at_two_micro_batch_counts_show_each_stage_s_fixed_cost() -> None:

@@ -22,6 +22,7 @@ from dpro.graph.kineto.memory import added_before, memory_peaks
 from dpro.run_format import BACKWARD_EVENT_PREFIX, SHAPES_TRACE_FILE
 
 from dpro.analysis.run import RunAnalysis
+from dpro.analysis.stages import BACKWARD_RANGE, PIPELINE_STARTS
 
 __all__ = ["RankMemory", "rank_memory"]
 
@@ -71,8 +72,8 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
     return found
 
 
-PIPELINE_MARKS = {"start": re.compile(r"^(Forward 0|aten::tensor_split)$"),
-                  "backward": re.compile(rf"^(Backward \d+|{re.escape(BACKWARD_EVENT_PREFIX)})")}
+PIPELINE_MARKS = {"start": PIPELINE_STARTS,
+                  "backward": re.compile(rf"{BACKWARD_RANGE.pattern}|^{re.escape(BACKWARD_EVENT_PREFIX)}")}
 """Where a pipeline stage's step begins its schedule (its split of the batch into micro-batches)
 and its first backward pass (torch's ``Backward i`` range under GPipe, else autograd's first function)."""
 

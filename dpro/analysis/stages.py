@@ -6,7 +6,8 @@ durations), each rank one stage (``meta.json``'s ``parallel.pipeline``). A rank'
 the step, each with the time before it on its thread (the interpreter between ops), are:
 
 - **backward**: torch's ``Backward i`` ranges (GPipe) or autograd's functions;
-- **after**: every op after the last backward op (the gradients' scaling, the optimizer);
+- **after**: every op after the last backward op (the gradients' scaling, the optimizer), and
+  the thread's time from its last op of a step to its first of the next;
 - **before**: the ops before the pipeline starts (the schedule's ``Forward 0`` or its split of
   the batch into micro-batches, ``aten::tensor_split``), where such a mark exists;
 - **forward**: the rest (the stage's forward passes, the last stage's loss).
@@ -42,6 +43,10 @@ __all__ = ["fixed_shares", "stage_costs"]
 
 BACKWARD_RANGE = re.compile(r"^Backward \d+$")
 PIPELINE_STARTS = re.compile(r"^(Forward 0|aten::tensor_split)$")
+"""torch's range around a GPipe stage's backward pass of a micro-batch, and where a stage's
+schedule starts (GPipe's first forward range, or the schedule's split of the batch, which the
+first and last stages make). A middle stage under 1F1B has neither: its work before the
+schedule (``zero_grad``) is then counted as forward."""
 
 
 def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
@@ -57,6 +62,9 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
     if sorted(parallelism.stages.values()) != list(range(stages)) or len(ranks) != parallelism.world_size:
         raise WhatIfError(f"the pipeline what-if models one stage per rank and no other parallelism; this job is "
                           f"{parallelism.describe()} over {parallelism.world_size} ranks")
+    if (w.graph.nodes["kind"] == "gpu").any():
+        raise WhatIfError("the pipeline what-if reads stages' passes from their CPU ops; on a GPU those are the "
+                          "kernels' launches, and sends on NCCL are not paired yet")
     microbatches = int(pipeline["microbatches"])
     stage_of = parallelism.stages
     rank_of = {s: r for r, s in stage_of.items()}
@@ -69,6 +77,9 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
     offsets = nodes["offset_ns"].to_numpy(np.float64)
     main = ((nodes["kind"] == "cpu") & ~nodes["resource"].astype(str).str.contains("/p2p")).to_numpy()
     sends = _sends(w, analysis, stage_of)
+    wraps = w.graph.wraps
+    wrap = np.zeros(len(nodes))  # a thread's time from its last op of a step to its first of the next
+    np.maximum.at(wrap, wraps["src"].to_numpy(np.int64), wraps["lag_ns"].to_numpy(np.float64))
     costs = []
     for s in range(stages):
         r = rank_of[s]
@@ -85,13 +96,14 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
         cost = work + gap
         fixed = gap + np.minimum(work, per_op * events)
         f, b = passes & ~backward, passes & backward
-        forward_send, backward_send, send_fixed = sends.get(s, (0.0, 0.0, 0.0))
+        forward_send, backward_send, forward_fixed, backward_fixed = sends.get(s, (0.0, 0.0, 0.0, 0.0))
         costs.append(StageCost(forward_ns=cost[f].sum() / microbatches, backward_ns=cost[b].sum() / microbatches,
                                forward_fixed_ns=fixed[f].sum() / microbatches,
                                backward_fixed_ns=fixed[b].sum() / microbatches,
                                send_forward_ns=forward_send / microbatches, send_backward_ns=backward_send / microbatches,
-                               send_fixed_ns=send_fixed, before_ns=float(cost[before].sum()),
-                               after_ns=float(cost[after].sum())))
+                               send_forward_fixed_ns=forward_fixed / microbatches,
+                               send_backward_fixed_ns=backward_fixed / microbatches, before_ns=float(cost[before].sum()),
+                               after_ns=float(cost[after].sum() + wrap[mine].max())))
     return costs
 
 
@@ -103,13 +115,13 @@ def _lags(w: WhatIf, kind: str) -> np.ndarray:
     return lag
 
 
-def _sends(w: WhatIf, analysis: RunAnalysis, stage_of: dict[int, int]) -> dict[int, tuple[float, float, float]]:
-    """Per stage: its sends' time a step to the next stage and to the previous one, and a
-    send's fixed part (the mean of what its sends took beyond their bytes at the link's rate)."""
+def _sends(w: WhatIf, analysis: RunAnalysis, stage_of: dict[int, int]) -> dict[int, tuple[float, float, float, float]]:
+    """Per stage: its sends' time a step to the next stage and to the previous one, and of each
+    the fixed part (what they took beyond their bytes at the link's measured rate; all of it
+    where the rate or the bytes are unknown)."""
     rates = wire_rates(analysis.calibrations, analysis.hosts)
     nodes = w.graph.nodes
     found: dict[int, list[float]] = {}
-    beyond: dict[int, list[float]] = {}
     for row in w.graph.collectives.itertuples():
         if collective_family(str(row.coll)) not in P2P_FAMILIES:
             continue
@@ -119,12 +131,14 @@ def _sends(w: WhatIf, analysis: RunAnalysis, stage_of: dict[int, int]) -> dict[i
             if s is None or peer is None or abs(s - peer) != 1:
                 continue
             t = float(w.durations[v])
-            totals = found.setdefault(s, [0.0, 0.0])
-            totals[0 if peer == s + 1 else 1] += t
             rate = rates.get("intra" if analysis.hosts.get(src) == analysis.hosts.get(dst) else "inter")
-            wire = float(nodes.at[v, "bytes"]) / rate if rate else t
-            beyond.setdefault(s, []).append(max(t - wire, 0.0))
-    return {s: (f, b, float(np.mean(beyond[s]))) for s, (f, b) in found.items()}
+            nbytes = float(nodes.at[v, "bytes"])
+            wire = nbytes / rate if rate and nbytes == nbytes else 0.0
+            totals = found.setdefault(s, [0.0, 0.0, 0.0, 0.0])
+            way = 0 if peer == s + 1 else 1
+            totals[way] += t
+            totals[2 + way] += max(t - wire, 0.0)
+    return {s: (f, b, ff, bf) for s, (f, b, ff, bf) in found.items()}
 
 
 def fixed_shares(recorded: list[StageCost], m: int, other: list[StageCost], k: int) -> list[tuple[float, float]]:

@@ -256,7 +256,8 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
         recorded = schedule_name(str(pipeline["schedule"]))
     except ValueError as e:
         raise WhatIfError(str(e)) from None
-    m, name = microbatches or recorded_m, schedule or recorded
+    m = recorded_m if microbatches is None else microbatches
+    name = schedule or recorded
     if name not in SCHEDULES:
         raise WhatIfError(f"unknown schedule {name!r}: one of {', '.join(SCHEDULES)}")
     if m < 1:
