@@ -206,7 +206,10 @@ def _nccl_logs_note(nccl_dir: Path) -> str:
     """Remove the NCCL log folder when the job left it empty (no NCCL in the job)."""
     if not nccl_dir.is_dir():
         return ""
-    logs = len(list(nccl_dir.iterdir()))
+    try:
+        logs = len(list(nccl_dir.iterdir()))
+    except FileNotFoundError:  # another node of the run found it empty and removed it meanwhile
+        return "; no NCCL log written (the job did not use NCCL)"
     if logs:
         return f"; {logs} log file(s) in nccl/"
     try:

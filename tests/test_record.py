@@ -332,3 +332,21 @@ def test_job_owns_the_terminal(tmp_path: Path) -> None:
     out, _ = interrupted.communicate("\x03", timeout=60)
     assert "KeyboardInterrupt" in out and "status=130" in out, out
     assert open_run(tmp_path / "run").nodes()[0]["signal"] == "SIGINT"
+
+
+def test_a_node_whose_empty_nccl_folder_another_node_removed_finishes_its_record(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes of one run share its folder: one may remove the empty nccl/ between another's look and its listing."""
+    from dpro.collectors.record import _nccl_logs_note
+
+    folder = tmp_path / "nccl"
+    folder.mkdir()
+    listing = Path.iterdir
+
+    def removed_meanwhile(self: Path):
+        if self == folder:
+            folder.rmdir()
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", removed_meanwhile)
+    assert _nccl_logs_note(folder) == "; no NCCL log written (the job did not use NCCL)"
