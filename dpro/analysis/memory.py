@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from dpro.graph.kineto import TraceFormatError
-from dpro.graph.kineto.memory import added_before, memory_peaks
+from dpro.graph.kineto.memory import MemoryTrace
 from dpro.run_format import BACKWARD_EVENT_PREFIX, SHAPES_TRACE_FILE
 
 from dpro.analysis.run import RunAnalysis
@@ -62,13 +62,12 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
         if not isinstance(held, dict) or "parameters_bytes" not in held:
             continue
         ddp = [d for d in meta.get("ddp") or [] if "buckets" in d]
-        added, device = _added(analysis, rank)
+        added, device, activations = _step_memory(analysis, rank)
         found[rank] = RankMemory(
             int(held["parameters_bytes"]), int(held["gradients_bytes"]),
             sum(int(b["bytes"]) for d in ddp for b in d["buckets"]),
             bool(ddp) and all(d.get("gradient_as_bucket_view") for d in ddp),
-            int(held.get("optimizer_state_bytes") or 0), added, device,
-            _pipeline_activations(analysis, rank, device) if analysis.parallelism.pipeline and device else None)
+            int(held.get("optimizer_state_bytes") or 0), added, device, activations)
     return found
 
 
@@ -78,31 +77,26 @@ PIPELINE_MARKS = {"start": PIPELINE_STARTS,
 and its first backward pass (torch's ``Backward i`` range under GPipe, else autograd's first function)."""
 
 
-def _pipeline_activations(analysis: RunAnalysis, rank: int, device: str) -> int | None:
-    """What the rank's shapes step held at its first backward pass over what it held at its
-    schedule's start (None where either is not in the trace)."""
-    try:
-        at = added_before(analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE, device, PIPELINE_MARKS)
-    except TraceFormatError:
-        return None
-    if at.get("start") is None or at.get("backward") is None:
-        return None
-    return max(0, at["backward"] - at["start"])
-
-
-def _added(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None]:
-    """The step's peak added bytes on the device that holds the model (a GPU where the trace
-    has one: the CPU's allocations of a GPU job are its data pipeline's), and that device."""
+def _step_memory(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None, int | None]:
+    """From the rank's shapes step, read once: its peak added bytes on the device that holds
+    the model (a GPU where the trace has one: the CPU's allocations of a GPU job are its data
+    pipeline's), that device, and for a pipeline stage what it held at its first backward pass
+    over what it held at its schedule's start (None where either is not in the trace)."""
     path = analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE
     if not path.exists():
-        return None, None
+        return None, None, None
     try:
-        peaks = memory_peaks(path)
+        trace = MemoryTrace(path)
     except TraceFormatError:
-        return None, None
+        return None, None, None
+    peaks = trace.peaks()
     if not peaks:
-        return None, None
+        return None, None, None
     gpus = [p for p in peaks if p.device.startswith("cuda")]
     top = max(gpus or peaks, key=lambda p: p.added_bytes)
-    return top.added_bytes, top.device
-
+    activations = None
+    if analysis.parallelism.pipeline:
+        at = trace.added_before(top.device, PIPELINE_MARKS)
+        if at["start"] is not None and at["backward"] is not None:
+            activations = max(0, at["backward"] - at["start"])
+    return top.added_bytes, top.device, activations

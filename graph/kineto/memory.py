@@ -22,7 +22,7 @@ import msgspec
 
 from dpro.graph.kineto.schema import TraceFormatError
 
-__all__ = ["MemoryPeak", "added_before", "memory_peaks"]
+__all__ = ["MemoryPeak", "MemoryTrace", "memory_peaks"]
 
 MEMORY_EVENT = "[memory]"
 DEVICE_TYPES = {0: "cpu", 1: "cuda"}
@@ -62,32 +62,45 @@ class MemoryPeak(msgspec.Struct, frozen=True):
 def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
     """The memory peak of each device in the trace at ``path`` (``.json`` or ``.json.gz``); an
     empty list when the trace holds no memory events (recorded without ``profile_memory``)."""
-    peaks = []
-    for (kind, index), (_, events, totals, before) in sorted(_per_device(_decoded(path)).items()):
-        top = max(totals)
-        name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
-        peaks.append(MemoryPeak(name if index < 0 else f"{name}:{index}", max(0, int(top - before)), int(top),
-                                len(events)))
-    return peaks
+    return MemoryTrace(path).peaks()
 
 
-def added_before(path: str | os.PathLike, device: str, names: dict[str, re.Pattern]) -> dict[str, int | None]:
-    """Per key of ``names``: what ``device`` (a :class:`MemoryPeak`'s name) held on top of what it
-    began with when the trace's first event whose name matches began (None: no such event)."""
-    trace = _decoded(path)
-    found: dict[str, int | None] = {}
-    for (kind, index), (times, _, totals, before) in _per_device(trace).items():
-        name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
-        if (name if index < 0 else f"{name}:{index}") != device:
-            continue
+class MemoryTrace:
+    """The memory events of the trace at ``path``, decoded once: each device's peak
+    (:meth:`peaks`) and what a device held when named events began (:meth:`added_before`)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._trace = _decoded(path)
+        self._devices = {_device_name(kind, index): events
+                         for (kind, index), events in sorted(_per_device(self._trace).items())}
+
+    def peaks(self) -> list[MemoryPeak]:
+        """Each device's :class:`MemoryPeak`; empty where the trace holds no memory events."""
+        return [MemoryPeak(device, max(0, int(max(totals) - before)), int(max(totals)), len(events))
+                for device, (_, events, totals, before) in self._devices.items()]
+
+    def added_before(self, device: str, names: dict[str, re.Pattern]) -> dict[str, int | None]:
+        """Per key of ``names``: what ``device`` (a :class:`MemoryPeak`'s name) held on top of
+        what it began with when the trace's first event whose name matches began (None: no such
+        event, or no memory event of that device)."""
+        if device not in self._devices:
+            return dict.fromkeys(names)
+        times, _, totals, before = self._devices[device]
+        found: dict[str, int | None] = {}
         for key, pattern in names.items():
-            starts = [e.ts for e in trace.traceEvents if e.name and e.name != MEMORY_EVENT and pattern.match(e.name)]
+            starts = [e.ts for e in self._trace.traceEvents if e.name and e.name != MEMORY_EVENT and pattern.match(e.name)]
             if not starts:
                 found[key] = None
                 continue
             at = bisect.bisect_left(times, min(starts))  # the allocations strictly before it
             found[key] = int((totals[at - 1] if at else before) - before)
-    return found
+        return found
+
+
+def _device_name(kind: int, index: int) -> str:
+    """``cpu``, ``cuda:0``...: a device of the allocator's events as :class:`MemoryPeak` names it."""
+    name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
+    return name if index < 0 else f"{name}:{index}"
 
 
 def _decoded(path: str | os.PathLike) -> _File:
