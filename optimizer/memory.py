@@ -34,7 +34,7 @@ from typing import Any
 
 from dpro.analysis.memory import RankMemory
 from dpro.analysis.parallelism import Parallelism
-from dpro.replayer.pipeline import schedule_name
+from dpro.replayer.pipeline import in_flight, schedule_name
 
 from dpro.optimizer.passes.checkpointing import block_lists
 
@@ -49,14 +49,8 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     ``parallelism``: the job's FSDP units and pipeline, if any."""
     if not memory:
         return None
-    units = parallelism.fsdp if parallelism else []
-    return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, units)
+    return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) for rank, m in memory.items())
-
-
-def in_flight(schedule: str, microbatches: int, stage: int, stages: int) -> int:
-    """The micro-batches a stage holds activations of at its peak under ``schedule``."""
-    return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)
 
 
 def _pipeline_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None, rank: int) -> int:
@@ -77,19 +71,14 @@ def _pipeline_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parall
     return round(new - held)
 
 
-def _reshard_bytes(settings: dict[str, Any], units: list[dict[str, Any]]) -> int:
+def _reshard_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
     """What ``reshard_after_forward`` adds to a rank's peak (negative: saves), against the units as recorded."""
     reshard = settings.get("reshard_after_forward")
-    if reshard is None or not units:
+    recorded = parallelism.fsdp_reshard if parallelism else None  # None: no unit holds parameters
+    if reshard is None or recorded is None or reshard == recorded:
         return 0
-    units = [u for u in units if u.get("parameters")]  # a unit of no parameters of its own gathers nothing
-    if not units:
-        return 0
-    inner = [u for u in units if not u.get("root")] or units  # as dpro.analysis.parallelism decides it
-    recorded = all(u.get("reshard_after_forward") for u in inner)
-    if reshard == recorded:
-        return 0
-    gathered = [int(u.get("unsharded_bytes") or 0) for u in units]
+    # a unit of no parameters of its own gathers nothing
+    gathered = [int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")]
     kept = max(0, sum(gathered) - 2 * max(gathered))
     return -kept if reshard else kept
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SCHEDULES", "StageCost", "schedule_name", "stage_order", "step_ns"]
+__all__ = ["SCHEDULES", "StageCost", "in_flight", "schedule_name", "stage_order", "step_ns"]
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 """The schedules modelled: the name ``dpro whatif --schedule`` takes, and torch's class."""
@@ -57,6 +57,12 @@ def schedule_name(recorded: str) -> str:
     raise ValueError(f"the pipeline schedule {recorded!r} is not modelled (only {', '.join(SCHEDULES.values())})")
 
 
+def in_flight(schedule: str, microbatches: int, stage: int, stages: int) -> int:
+    """The micro-batches stage ``stage`` of ``stages`` has run forward and not yet backward at
+    most: all of them under GPipe; under 1F1B its warm-up's, ``stages - stage`` (at most all)."""
+    return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)
+
+
 def stage_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
     """The passes ``("F" | "B", micro-batch)`` stage ``stage`` of ``stages`` runs, in order:
     GPipe every forward then every backward; 1F1B (torch's ``Schedule1F1B``) ``stages - stage``
@@ -65,7 +71,7 @@ def stage_order(schedule: str, stage: int, stages: int, microbatches: int) -> li
         return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
     if schedule != "1f1b":
         raise ValueError(f"unknown schedule {schedule!r}")
-    warmup = min(microbatches, stages - stage)
+    warmup = in_flight(schedule, microbatches, stage, stages)
     order = [("F", i) for i in range(warmup)]
     forward, backward = warmup, 0
     while backward < microbatches:
