@@ -408,11 +408,11 @@ def _hand_offs(nodes: pd.DataFrame, order: dict[int, list], start: np.ndarray, e
         return []
     names = nodes["name"].astype(str).to_numpy()
     devices = [r for r, ids in threads.items() if names[ids[np.argmin(start[ids])]].startswith(BACKWARD_EVENT_PREFIX)]
+    caller = max((r for r in threads if r not in devices), key=lambda r: len(threads[r]), default=None)
+    if caller is None:
+        return []
     edges: list[tuple[int, int, int, str]] = []
     for device in devices:
-        caller = max((r for r in threads if r not in devices), key=lambda r: len(threads[r]), default=None)
-        if caller is None:
-            continue
         ops = threads[device][np.argsort(start[threads[device]], kind="stable")]
         calls = threads[caller][np.argsort(start[threads[caller]], kind="stable")]
         after = np.searchsorted(start[calls], start[ops], "right")  # the caller's first op after each

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pandas as pd
 
 from dpro.graph.vocabulary import P2P_FAMILIES, collective_family
 from dpro.replayer.linkmodel import wire_rates
@@ -36,7 +37,7 @@ from dpro.replayer.pipeline import StageCost
 from dpro.replayer.whatif import WhatIf, WhatIfError
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
-from dpro.analysis.cpu_ops import cpu_ops, view_op_ns
+from dpro.analysis.cpu_ops import cpu_ops, once_per_rank, view_op_ns
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["fixed_shares", "stage_costs"]
@@ -58,8 +59,7 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
         raise WhatIfError("--microbatches and --schedule apply to pipeline-parallel jobs; "
                           f"this job is {parallelism.describe()}")
     stages = int(pipeline["num_stages"])
-    ranks = sorted(parallelism.stages)
-    if sorted(parallelism.stages.values()) != list(range(stages)) or len(ranks) != parallelism.world_size:
+    if sorted(parallelism.stages.values()) != list(range(stages)) or len(parallelism.stages) != parallelism.world_size:
         raise WhatIfError(f"the pipeline what-if models one stage per rank and no other parallelism; this job is "
                           f"{parallelism.describe()} over {parallelism.world_size} ranks")
     if (w.graph.nodes["kind"] == "gpu").any():
@@ -72,14 +72,12 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
     names = nodes["name"].astype(str)
     backward = (names.str.match(BACKWARD_RANGE) | names.str.startswith(BACKWARD_EVENT_PREFIX)).to_numpy()
     starts = names.str.match(PIPELINE_STARTS).to_numpy()
-    gap, resumed = (_lags(w, kind) for kind in ("order", "wait"))
+    gap, resumed = (_most_lag(w.edges[w.edges["kind"] == kind], "dst", len(nodes)) for kind in ("order", "wait"))
     events = nodes["events"].fillna(1).to_numpy(np.float64)
     offsets = nodes["offset_ns"].to_numpy(np.float64)
     main = ((nodes["kind"] == "cpu") & ~nodes["resource"].astype(str).str.contains("/p2p")).to_numpy()
     sends = _sends(w, analysis, stage_of)
-    wraps = w.graph.wraps
-    wrap = np.zeros(len(nodes))  # a thread's time from its last op of a step to its first of the next
-    np.maximum.at(wrap, wraps["src"].to_numpy(np.int64), wraps["lag_ns"].to_numpy(np.float64))
+    wrap = _most_lag(w.graph.wraps, "src", len(nodes))  # a thread's time from its last op of a step to its first of the next
     costs = []
     for s in range(stages):
         r = rank_of[s]
@@ -91,7 +89,7 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
         after = mine & (offsets > last)
         before = mine & (offsets < first)
         passes = mine & ~after & ~before
-        per_op = view_op_ns(cpu_ops(analysis, r))
+        per_op = _per_op_ns(analysis, r)
         work = w.durations + np.where(after, 0.0, resumed)  # after the passes, a wait is for the sends' delivery
         cost = work + gap
         fixed = gap + np.minimum(work, per_op * events)
@@ -107,12 +105,17 @@ def stage_costs(w: WhatIf, analysis: RunAnalysis) -> list[StageCost]:
     return costs
 
 
-def _lags(w: WhatIf, kind: str) -> np.ndarray:
-    """Per node, the most time its ``kind`` edges put between their source's end and its start (0 if none)."""
-    edges = w.edges[w.edges["kind"] == kind]
-    lag = np.zeros(len(w.graph.nodes))
-    np.maximum.at(lag, edges["dst"].to_numpy(np.int64), edges["lag_ns"].to_numpy(np.float64))
+def _most_lag(edges: pd.DataFrame, end: str, n: int) -> np.ndarray:
+    """Per node (of ``n``), the largest ``lag_ns`` of the ``edges`` at its ``end`` (``src`` or ``dst``); 0 if none."""
+    lag = np.zeros(n)
+    np.maximum.at(lag, edges[end].to_numpy(np.int64), edges["lag_ns"].to_numpy(np.float64))
     return lag
+
+
+@once_per_rank
+def _per_op_ns(analysis: RunAnalysis, rank: int) -> float:
+    """What an op that does no work takes on the rank (its median view op); once per run and rank."""
+    return view_op_ns(cpu_ops(analysis, rank))
 
 
 def _sends(w: WhatIf, analysis: RunAnalysis, stage_of: dict[int, int]) -> dict[int, tuple[float, float, float, float]]:

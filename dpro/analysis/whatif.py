@@ -248,7 +248,7 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
         other = RunAnalysis.open(other_run)
         if other.parallelism.pipeline is None:
             raise WhatIfError(f"{other_run} is not a recording of a pipeline")
-        shares = fixed_shares(costs, recorded_m, stage_costs(CostModel(other).what_if(), other),
+        shares = fixed_shares(costs, recorded_m, stage_costs(WhatIf(other.graph), other),  # its graph as recorded
                               int(other.parallelism.pipeline["microbatches"]))
         costs = [replace(c, forward_fixed_ns=f * c.forward_ns, backward_fixed_ns=b * c.backward_ns)
                  for c, (f, b) in zip(costs, shares)]
