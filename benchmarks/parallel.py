@@ -7,7 +7,8 @@ forms (``benchmarks/testbed/job.py --form``):
 - **FSDP2**, each layer a unit, recorded at :data:`RATE_MBIT` both resharded after forward and
   kept gathered; each predicts the other (``--[no-]reshard-after-forward``: step time, and the
   memory peak against the other's recorded one), and the resharded one twice the link rate
-  (``--bandwidth-scale 2``);
+  (``--bandwidth-scale 2``) and each unit prefetching the next in its forward pass
+  (``--forward-prefetch 1``);
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
   8 and 2 micro-batches (``--microbatches``; 8 also from the pair of the 4 and 2 micro-batch
   recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
@@ -82,7 +83,8 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
     fsdp = Config(f"{tag}-fsdp", job, RATE_MBIT, form="fsdp")
     pp = Config(f"{tag}-pp", job, RATE_MBIT, form="pp")
     configs = [fsdp, pp, fsdp.but(f"{tag}-fsdp-noreshard", reshard=False),
-               fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2),
+               fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), fsdp.but(f"{tag}-fsdp-prefetch", forward_prefetch=1),
+               pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2),
                pp.but(f"{tag}-pp-8mb", microbatches=8), pp.but(f"{tag}-pp-2mb", microbatches=2),
                pp.but(f"{tag}-pp-1f1b", schedule="1f1b")]
     cases = [Case("fsdp: no reshard after forward", fsdp.name, f"{tag}-fsdp-noreshard", {"reshard_after_forward": False},
@@ -90,6 +92,7 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
              Case("fsdp: reshard after forward", f"{tag}-fsdp-noreshard", fsdp.name, {"reshard_after_forward": True},
                   memory=True),
              Case("fsdp: links 2x", fsdp.name, f"{tag}-fsdp-2x", {"bandwidth_scale": 2.0}),
+             Case("fsdp: forward prefetch 1", fsdp.name, f"{tag}-fsdp-prefetch", {"forward_prefetch": 1}),
              Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
              Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
              Case("pp: 8 micro-batches, with the 2's recording", pp.name, f"{tag}-pp-8mb",

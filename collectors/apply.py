@@ -18,6 +18,10 @@
 - ``reshard_after_forward``: every ``fully_shard`` (FSDP2) call of the job made with it,
   whatever the script passed (``torch.distributed.fsdp.fully_shard`` is wrapped before the
   script imports it);
+- ``fsdp_forward_prefetch``: after each ``fully_shard`` call, every unit so far prefetches the
+  next ``K`` units in its forward pass (``set_modules_to_forward_prefetch``), the units in forward
+  order as FSDP2 wraps them, bottom-up: each in the order it was wrapped, a unit before the
+  units it holds (the root first);
 - ``pipeline_microbatches`` and ``pipeline_schedule``: every ``ScheduleGPipe`` or
   ``Schedule1F1B`` the script builds from ``torch.distributed.pipelining`` is built with this
   micro-batch count and as this schedule (the names are replaced before the script imports
@@ -119,28 +123,41 @@ class Applier:
 
     def install_fsdp(self, log_error: Callable[[str, BaseException], None]) -> None:
         """Wrap FSDP2's ``fully_shard`` so that every unit takes the strategy's
-        ``reshard_after_forward`` (only when the strategy sets it: the import is not free)."""
-        if self.settings.get("reshard_after_forward") is None:
+        ``reshard_after_forward`` and forward prefetch (only when the strategy sets one: the
+        import is not free)."""
+        reshard, depth = self.settings.get("reshard_after_forward"), self.settings.get("fsdp_forward_prefetch")
+        if reshard is None and depth is None:
             return
-        value = bool(self.settings["reshard_after_forward"])
         import torch.distributed.fsdp as fsdp
         from torch.distributed.fsdp import _fully_shard
 
         original = fsdp.fully_shard
         applier = self
+        units: list[Any] = []  # in forward order: a parent before the units it holds (FSDP2 wraps bottom-up)
 
         @functools.wraps(original)
         def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
-            before = kwargs.get("reshard_after_forward")
-            kwargs["reshard_after_forward"] = value
-            note = f"reshard_after_forward={_shown(value)}" + ("" if before is None else f" (the script's {_shown(before)})")
-            if note not in applier.applied:
-                applier.applied.append(note)
-            return original(module, *args, **kwargs)
+            if reshard is not None:
+                before = kwargs.get("reshard_after_forward")
+                kwargs["reshard_after_forward"] = bool(reshard)
+                applier._note(f"reshard_after_forward={_shown(bool(reshard))}"
+                              + ("" if before is None else f" (the script's {_shown(before)})"))
+            unit = original(module, *args, **kwargs)
+            if depth is not None:
+                try:
+                    _prefetch_forward(units, unit, int(depth))
+                    applier._note(f"forward prefetch of the next {depth} unit(s)")
+                except Exception as e:  # the job runs with FSDP2's own prefetching
+                    log_error("setting FSDP2's forward prefetch", e)
+            return unit
 
         fsdp.fully_shard = fully_shard
         if getattr(_fully_shard, "fully_shard", None) is original:
             _fully_shard.fully_shard = fully_shard
+
+    def _note(self, note: str) -> None:
+        if note not in self.applied:
+            self.applied.append(note)
 
     def install_pipeline(self) -> None:
         """Replace ``torch.distributed.pipelining``'s ``ScheduleGPipe`` and ``Schedule1F1B`` with
@@ -235,6 +252,16 @@ def _several_buckets(module: Any) -> bool:
     """Whether DDP's buckets, once rebuilt after the first step, will be more than one: the
     gradients do not fit the first bucket's cap (the reducer holds one bucket until then)."""
     return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad) > first_bucket_cap(module)
+
+
+def _prefetch_forward(units: list[Any], unit: Any, depth: int) -> None:
+    """Place ``unit``, just wrapped, in ``units`` (forward order: before the first unit it
+    holds, else last) and give every unit the next ``depth`` units as its forward prefetch."""
+    held = {id(m) for m in unit.modules()}
+    inner = [i for i, u in enumerate(units) if id(u) in held]
+    units.insert(inner[0] if inner else len(units), unit)
+    for i, u in enumerate(units):
+        u.set_modules_to_forward_prefetch(units[i + 1:i + 1 + depth])
 
 
 def _default_bucket_cap_mb() -> float:

@@ -18,6 +18,10 @@ with what the strategy's settings change.
   parameters stay from their forward to their backward, where resharded at most two are
   gathered at once (the unit at work and the one prefetched): the step's peak grows (or
   shrinks) by the units' unsharded bytes less twice the largest unit's.
+- ``fsdp_forward_prefetch`` of ``K`` units: where units reshard after forward, the forward pass
+  holds ``1 + K`` units gathered at once, against the two the backward pass holds already: the
+  peak grows by ``K - 1`` times the largest unit's unsharded bytes. Kept gathered, the units
+  are all gathered by the forward's end anyway: no change.
 - ``pipeline_microbatches`` and ``pipeline_schedule``: a stage holds the activations of the
   micro-batches it has run forward and not yet backward: all ``M`` under GPipe, at most
   ``stages - stage`` under 1F1B (its warm-up). The activations the stage held when its first
@@ -50,6 +54,7 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     if not memory:
         return None
     return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, parallelism)
+               + _prefetch_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) for rank, m in memory.items())
 
 
@@ -81,6 +86,16 @@ def _reshard_bytes(settings: dict[str, Any], parallelism: Parallelism | None) ->
     gathered = [int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")]
     kept = max(0, sum(gathered) - 2 * max(gathered))
     return -kept if reshard else kept
+
+
+def _prefetch_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
+    """What a forward prefetch of ``K`` units adds to a rank's peak, against none."""
+    depth = settings.get("fsdp_forward_prefetch")
+    reshard = settings.get("reshard_after_forward")
+    if parallelism is None or not depth or not (parallelism.fsdp_reshard if reshard is None else reshard):
+        return 0
+    gathered = [int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")]
+    return max(0, depth - 1) * max(gathered, default=0)
 
 
 def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:

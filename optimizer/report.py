@@ -39,11 +39,15 @@ def report(result: SearchResult) -> dict[str, Any]:
     ranked = lines([x for x in entries if not x["code_change"] and x["interval_ms"] is not None])
     apart = lines([x for x in entries if x["code_change"] or x["interval_ms"] is None])
     best = ranked[0] if ranked else None
-    if not any(e is result.recorded for e in result.evaluated):  # over the memory budget: the best that fits, however sure
-        best = (ranked or apart)[0]
+    if not any(e is result.recorded for e in result.evaluated):  # over the memory budget
+        # the best scored strategy that fits; with none, the fewest unscored settings that fit (their
+        # predictions have no interval to rank them by), the best predicted of those
+        best = ranked[0] if ranked else min(apart, key=lambda x: (len(x["passes"]), x["predicted_step_ms"]))
         best["status"] = "recommended"
         verdict = {"verdict": "change", "name": best["name"],
-                   "why": "the recorded configuration needs more memory than the budget: the best predicted that fits"}
+                   "why": "the recorded configuration needs more memory than the budget: "
+                          + ("the best predicted that fits" if ranked else "the smallest change that fits, "
+                             "the best predicted of those (unscored: no interval)")}
         ranked = [best] + [x for x in ranked if x is not best]
         apart = [x for x in apart if x is not best]
     elif best is not None and best["status"] == "proven":

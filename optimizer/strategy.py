@@ -30,6 +30,10 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   reshard_after_forward=...)``): ``True`` frees each unit's gathered parameters after its
   forward and gathers them again before its backward (less memory, one more all-gather per
   unit); ``False`` keeps them. Exact; ``--apply`` sets it.
+- ``fsdp_forward_prefetch``: ``K`` (0 or more): each FSDP2 unit prefetches the next ``K`` units'
+  parameters in its forward pass (``unit.set_modules_to_forward_prefetch([...])``, the units in
+  the order ``fully_shard`` was called on them; the root unit, the first ``K``). Exact;
+  ``--apply`` sets it.
 - ``pipeline_microbatches`` and ``pipeline_schedule`` (``gpipe`` or ``1f1b``): a
   ``torch.distributed.pipelining`` schedule's micro-batch count and kind (``ScheduleGPipe(stage,
   n_microbatches=...)`` or ``Schedule1F1B``): the same batch per step, split otherwise. Exact
@@ -59,7 +63,7 @@ __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
-            "reshard_after_forward", "pipeline_microbatches", "pipeline_schedule")
+            "reshard_after_forward", "fsdp_forward_prefetch", "pipeline_microbatches", "pipeline_schedule")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -102,6 +106,8 @@ class Strategy:
         reshard = self.settings.get("reshard_after_forward")
         if reshard is not None:
             parts.append("reshard-after-forward" if reshard else "no-reshard-after-forward")
+        if self.settings.get("fsdp_forward_prefetch") is not None:
+            parts.append(f"forward-prefetch-{self.settings['fsdp_forward_prefetch']}")
         if self.settings.get("pipeline_microbatches"):
             parts.append(f"microbatches-{self.settings['pipeline_microbatches']}")
         if self.settings.get("pipeline_schedule"):
@@ -128,6 +134,7 @@ class Strategy:
                       accumulate=self.settings.get("gradient_accumulation"),
                       fuse_ops=self.settings.get("torch_compile"),
                       reshard_after_forward=self.settings.get("reshard_after_forward"),
+                      forward_prefetch=self.settings.get("fsdp_forward_prefetch"),
                       microbatches=self.settings.get("pipeline_microbatches"),
                       schedule=self.settings.get("pipeline_schedule"))
 
@@ -152,6 +159,10 @@ class Strategy:
         if self.settings.get("reshard_after_forward") is not None:
             lines.append(f"fully_shard(module, reshard_after_forward={self.settings['reshard_after_forward']})"
                          "  # every unit, the root too")
+        if self.settings.get("fsdp_forward_prefetch") is not None:
+            k = self.settings["fsdp_forward_prefetch"]
+            lines.append(f"units[i].set_modules_to_forward_prefetch(units[i + 1:i + {k + 1}])"
+                         "  # units: the fully_shard modules in forward order, the root first")
         m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
         if m or schedule:
             cls = SCHEDULES.get(schedule or "", "YourSchedule")
@@ -211,6 +222,9 @@ def validate(settings: dict[str, Any]) -> None:
     reshard = settings.get("reshard_after_forward")
     if reshard is not None and not isinstance(reshard, bool):
         raise StrategyError(f"reshard_after_forward must be true or false, not {reshard!r}")
+    k = settings.get("fsdp_forward_prefetch")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise StrategyError(f"fsdp_forward_prefetch must be a number of units, 0 or more, not {k!r}")
     m = settings.get("pipeline_microbatches")
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise StrategyError(f"pipeline_microbatches must be a positive number of micro-batches, not {m!r}")

@@ -351,6 +351,15 @@ class WhatIf:
         self.edges = edges.assign(src=src, lag_ns=lag)
         return True
 
+    def add_waits(self, ends: dict[int, int], users: dict[int, int]) -> "WhatIf":
+        """Each rank's ``users[rank]`` (a node id) waits for ``ends[rank]`` too: e.g. a thread
+        that now waits, where FSDP prefetches, for an all-gather it issued."""
+        ranks = [r for r in users if r in ends]
+        waits = pd.DataFrame({"src": [ends[r] for r in ranks], "dst": [users[r] for r in ranks], "lag_ns": 0,
+                              "kind": "wait"})
+        self.edges = pd.concat([self.edges, waits], ignore_index=True)
+        return self
+
     def replay(self) -> Replay:
         """Replay the graph with the changes made so far. Successive calls on an unchanged
         structure (no new :meth:`fuse_buckets`) re-replay only what follows the changed ops.

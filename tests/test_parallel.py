@@ -149,11 +149,47 @@ def test_resharding_after_forward_is_predicted_and_fits_the_memory_budget_it_was
     assert measured_peak <= budget_gb * 1e9, (measured_peak, budget_gb)
 
 
+def test_forward_prefetch_is_predicted_where_fsdp_issues_it_and_apply_sets_it(fsdp_run: Path, tmp_path: Path) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+    from dpro.optimizer.passes import fsdp_prefetch
+
+    analysis = RunAnalysis.open(fsdp_run)
+    assert analysis.parallelism.fsdp_forward_prefetch == 0
+    assert fsdp_prefetch(analysis).settings == [{"fsdp_forward_prefetch": 1}, {"fsdp_forward_prefetch": 2}]
+    predicted = CostModel(analysis).predict(Change(forward_prefetch=1))
+    assert predicted.summary["fsdp_prefetch"]["moved_all_gathers"] == 2, "blocks.0 by the root, blocks.1 by blocks.0"
+    graph, nodes = predicted.graph, predicted.graph.nodes
+    edges = graph.edges
+    names = nodes["name"].astype(str)
+    def gathers_issued(hook: str) -> int:  # both ranks'
+        return int(((edges["kind"] == "enqueue") & edges["src"].isin(nodes.index[names == hook])).sum())
+
+    assert gathers_issued("FSDP::pre_forward") == 2 * 2, "the root gathers its own parameters and blocks.0's"
+    assert gathers_issued("FSDP::pre_forward (blocks.0)") == 2, "blocks.0 gathers blocks.1's, its own were gathered"
+    assert gathers_issued("FSDP::pre_forward (blocks.1)") == 0
+    # gloo's gathers are waited where issued: moving one overlaps it with nothing
+    change = predicted.summary["unanchored_step_ms"] / predicted.summary["replayed_step_ms"] - 1
+    assert abs(change) < 0.05, change
+
+    strategy = tmp_path / "strategy.json"
+    strategy.write_text(json.dumps({"settings": {"fsdp_forward_prefetch": 1}}))
+    applied = tmp_path / "applied"
+    ran = dpro("record", "--apply", strategy, "-o", applied, "--skip", "3", "--warmup", "1", "--steps", "2",
+               "--no-calibrate", "--", *TORCHRUN, "--nproc-per-node=2", PARALLEL, "--form", "fsdp", *SMALL,
+               "--no-reshard", timeout=400)
+    assert ran.returncode == 0, ran.stderr
+    units = RunAnalysis.open(applied).parallelism.fsdp
+    assert [(u["module"], u["forward_prefetch"]) for u in units] == [("", ["blocks.0"]), ("blocks.0", ["blocks.1"]),
+                                                                      ("blocks.1", None)]
+    assert_one_line_error(dpro("whatif", applied, "--forward-prefetch", "2"), "FSDP2's default", "prefetch 1 ahead")
+
+
 def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
     for run, option in ((fsdp_run, ["--bucket-cap-mb", "1"]), (fsdp_run, ["--world-size", "4"]),
                         (pp_run, ["--accumulate", "2"])):
         assert_one_line_error(dpro("whatif", run, *option), option[0], "data-parallel", "--bandwidth-scale")
     assert_one_line_error(dpro("whatif", pp_run, "--no-reshard-after-forward"), "FSDP", "no fully_shard unit")
+    assert_one_line_error(dpro("whatif", pp_run, "--forward-prefetch", "1"), "--forward-prefetch", "no fully_shard unit")
     assert_one_line_error(dpro("whatif", fsdp_run, "--microbatches", "8"), "--microbatches", "pipeline-parallel", "FSDP2")
     assert_one_line_error(dpro("whatif", pp_run, "--schedule", "1f1b", "--microbatches", "1"), "1F1B", "stages (2)")
     ok = dpro("whatif", pp_run, "--bandwidth-scale", "0.5")

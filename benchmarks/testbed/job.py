@@ -17,7 +17,8 @@ micro-batches, DDP's ``no_sync`` on all but the last). ``--step-times PATH``: ra
 step's time there, so that a run is measured without any profiler or hook.
 
 ``--form fsdp``: each layer and then the model under FSDP2's ``fully_shard`` (``--no-reshard``:
-``reshard_after_forward=False``) instead of DDP. ``--form pp``: the layers split into one stage
+``reshard_after_forward=False``; ``--forward-prefetch K``: each unit, the model first, prefetches
+the next ``K`` layers in its forward pass) instead of DDP. ``--form pp``: the layers split into one stage
 per rank (as evenly as their held times allow), the batch in ``--microbatches`` micro-batches
 under ``--schedule gpipe|1f1b``; the last stage's loss is the output's sum.
 """
@@ -111,12 +112,18 @@ def register_comm_hook(ddp: DistributedDataParallel, name: str) -> None:
         raise SystemExit(f"--comm-hook: {name!r} is not fp16 or powersgd:RANK")
 
 
-def build_fsdp(model: nn.Sequential, reshard: bool) -> nn.Module:
+def build_fsdp(model: nn.Sequential, reshard: bool, prefetch: int = 0) -> nn.Module:
+    """Each layer a unit, then the model; with ``prefetch``, each unit (the model first) prefetches
+    the next ``prefetch`` layers in its forward pass."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in model:
         fully_shard(layer, reshard_after_forward=reshard)
     fully_shard(model, reshard_after_forward=reshard)
+    if prefetch:
+        units = [model, *model]
+        for i, unit in enumerate(units):
+            unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + prefetch])
     return model
 
 
@@ -155,6 +162,7 @@ def main() -> None:
     p.add_argument("--step-times", metavar="PATH", help="rank 0 writes each step's time (ns) here, a line each")
     p.add_argument("--form", choices=("ddp", "fsdp", "pp"), default="ddp")
     p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
+    p.add_argument("--forward-prefetch", type=int, default=0, metavar="K", help="fsdp: each unit prefetches the next K")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
     args = p.parse_args()
@@ -201,7 +209,7 @@ def run_parallel(args: argparse.Namespace, spec: dict, model: nn.Sequential) -> 
     rank = dist.get_rank()
     batch = torch.randn(spec["batch"], WIDTH)
     if args.form == "fsdp":
-        module = build_fsdp(model, not args.no_reshard)
+        module = build_fsdp(model, not args.no_reshard, args.forward_prefetch)
 
         def step() -> None:
             module(batch).sum().backward()

@@ -54,6 +54,7 @@ class Config:
     gradient_as_bucket_view: bool = False
     form: str = "ddp"  # ddp | fsdp | pp (job.py's --form)
     reshard: bool = True  # fsdp: reshard_after_forward
+    forward_prefetch: int = 0  # fsdp: units each prefetches in its forward pass
     microbatches: int = 4  # pp
     schedule: str = "gpipe"  # pp: gpipe | 1f1b
 
@@ -61,7 +62,8 @@ class Config:
         if self.form != "ddp":
             out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--form", self.form]
             if self.form == "fsdp":
-                return out + ([] if self.reshard else ["--no-reshard"])
+                return (out + ([] if self.reshard else ["--no-reshard"])
+                        + (["--forward-prefetch", str(self.forward_prefetch)] if self.forward_prefetch else []))
             return out + ["--microbatches", str(self.microbatches), "--schedule", self.schedule]
         out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
         if self.first_bucket_mb is not None:

@@ -71,6 +71,12 @@ class Parallelism:
         inner = [u for u in units if not u.get("root")] or units
         return all(bool(u.get("reshard_after_forward")) for u in inner) if inner else None
 
+    @property
+    def fsdp_forward_prefetch(self) -> int:
+        """How many units ahead each FSDP unit prefetches in its forward pass (the longest list
+        the script set with ``set_modules_to_forward_prefetch``; 0, FSDP2's default, for none)."""
+        return max((len(u.get("forward_prefetch") or []) for u in self.fsdp), default=0)
+
     def coordinate(self, rank: int) -> str:
         """The rank's place in the device mesh (``"dp 0 · tp 1"``), ``""`` without a mesh of 2 or more dimensions."""
         if not self.mesh or len(self.mesh["shape"]) < 2:

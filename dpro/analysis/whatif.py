@@ -74,7 +74,6 @@ import numpy as np
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
-from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
@@ -87,6 +86,7 @@ from dpro.replayer.whatif import WhatIf, WhatIfError
 
 from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu_ops, forward_marks, once_per_rank,
                                    top_level, view_op_ns)
+from dpro.analysis import fsdp
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.stages import fixed_shares, stage_costs
@@ -113,6 +113,7 @@ class Change:
     scale_ops: str | None = None  # a regular expression on op names: their ops' durations times op_scale
     op_scale: float | None = None
     reshard_after_forward: bool | None = None  # FSDP2's, for every unit
+    forward_prefetch: int | None = None  # FSDP2's: each unit's forward all-gather issued this many units ahead
     microbatches: int | None = None  # a pipeline's, the same batch per step
     schedule: str | None = None  # a pipeline's: gpipe | 1f1b
     microbatch_run: str | None = None  # a recording of the same pipeline at another micro-batch count
@@ -205,7 +206,9 @@ class Prediction:
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.reshard_after_forward is not None:
-            details["fsdp"] = _reshard(w, analysis, change.reshard_after_forward)
+            details["fsdp"] = fsdp.reshard(w, analysis, change.reshard_after_forward)
+        if change.forward_prefetch is not None:
+            details["fsdp_prefetch"] = fsdp.forward_prefetch(w, analysis, change.forward_prefetch)
         if change.bandwidth_scale is not None:
             w.set_link_bandwidth(change.bandwidth_scale)
         result = w.replay()
@@ -279,101 +282,6 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
             "fixed_from": f"the recordings at {recorded_m} and {other.parallelism.pipeline['microbatches']} micro-batches"
                           if fitted else "the time between ops and per-op overhead (one recording)",
             "timeline": "the recorded schedule's"}
-
-
-def _reshard(w: WhatIf, analysis: RunAnalysis, reshard: bool) -> dict[str, Any]:
-    """FSDP2's ``reshard_after_forward`` for every unit. Kept unsharded after the forward pass,
-    a unit needs no all-gather before its backward: the all-gathers a rank issues after its
-    first backward op send nothing (each keeps its call's fixed cost; the copy out of the
-    gathered buffer, inside the unit's ops, stays too: the gain errs low)."""
-    units = analysis.parallelism.fsdp
-    if not units:
-        raise WhatIfError("--reshard-after-forward applies to FSDP jobs; this job has no fully_shard unit")
-    recorded = analysis.parallelism.fsdp_reshard
-    if reshard == recorded:
-        return {"backward_all_gathers": 0, "note": "as recorded"}
-    groups = {str(u.get("shard_group")) for u in units if u.get("parameters")}
-    if len(groups) != 1:
-        raise WhatIfError("--reshard-after-forward is modelled for FSDP over one process group; this job's units "
-                          f"shard over {len(groups)} ({', '.join(sorted(groups))})")
-    if reshard:
-        added = _regather_in_backward(w)
-        if not added:
-            raise WhatIfError("no FSDP unit's forward all-gather and pre-backward hook were found in this run's graph")
-        return {"backward_all_gathers": added}
-    gone = _backward_all_gathers(w.graph, groups.pop())
-    for coll, k in gone:
-        w.set_collective_bytes(coll, k, 0.0)
-    return {"backward_all_gathers": len(gone)}
-
-
-def _regather_in_backward(w: WhatIf) -> int:
-    """Each unit gathered again before its backward pass, as FSDP2 does when it reshards after
-    forward: a copy of the unit's forward all-gather, issued where its backward prefetch runs
-    (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
-    pass; without one, the op before the unit's own pre-backward hook) and needed by the op that
-    runs the unit's ``FSDP::pre_backward`` hook. Units are found by the hooks the graph's ops
-    ran (``hooks``); how many were added."""
-    nodes = w.graph.nodes
-    hooks = nodes["hooks"].astype(object).fillna("").astype(str).str.split(";") if "hooks" in nodes else None
-    if hooks is None or not hooks.map(lambda names: any(names)).any():
-        raise WhatIfError("this run's graph holds no FSDP pre-forward or pre-backward hook (torch's FSDP::* ranges)")
-    where: dict[tuple[str, str], dict[int, int]] = {}  # (hook, unit) -> rank -> node, the first per rank
-    rank = nodes["rank"].to_numpy()
-    for v in np.argsort(nodes["offset_ns"].to_numpy(), kind="stable"):
-        for hook in hooks.iat[v]:
-            for prefix, kind in (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
-                                 ("FSDP::backward_prefetch for ", "prefetch")):
-                if hook.startswith(prefix):
-                    unit = hook[len(prefix):].strip().strip("()")
-                    where.setdefault((kind, unit), {}).setdefault(int(rank[v]), int(v))
-    issued_by = {}
-    enqueue = w.edges[w.edges["kind"] == "enqueue"]
-    for row in w.graph.collectives.itertuples():
-        if collective_family(str(row.coll)) == "all_gather":
-            arrivals = w._arrivals(w.graph.collectives.loc[row.Index])
-            for src in enqueue[enqueue["dst"].isin(arrivals)]["src"]:
-                issued_by[int(src)] = (str(row.coll), int(row.occurrence))
-    added = 0
-    previous = _previous_on_queue(w)
-    for (kind, unit), heads in list(where.items()):
-        if kind != "forward":
-            continue
-        gather = next((issued_by[v] for v in heads.values() if v in issued_by), None)
-        users = where.get(("backward", unit))
-        if gather is None or not users or set(users) != set(w._collective(*gather)["ranks"]):
-            continue
-        prefetch = where.get(("prefetch", unit), {})
-        issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}
-        if any(v is None or v == users[r] for r, v in issuers.items()):
-            continue
-        w.add_collective(*gather, issuers=issuers, users=users)
-        added += 1
-    return added
-
-
-def _previous_on_queue(w: WhatIf) -> dict[int, int]:
-    """Each node's predecessor on its thread or stream (program order)."""
-    order = w.edges[w.edges["kind"] == "order"]
-    return dict(zip(order["dst"].astype(int), order["src"].astype(int)))
-
-
-def _backward_all_gathers(graph: DataflowGraph, group: str) -> list[tuple[str, int]]:
-    """The all-gathers of ``group`` every rank issued after its first backward op (FSDP's before
-    a unit's backward)."""
-    nodes = graph.nodes
-    names = nodes["name"].astype(str)
-    backward = nodes[names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy() & (nodes["kind"] == "cpu").to_numpy()]
-    first = backward.groupby("rank")["offset_ns"].min()
-    out = []
-    offsets, ranks = nodes["offset_ns"].to_numpy(), nodes["rank"].to_numpy()
-    for row in graph.collectives.itertuples():
-        if collective_family(str(row.coll)) != "all_gather" or not len(row.done) or str(row.group) != group:
-            continue
-        sends_start = [offsets[s] for s in row.sends] or [offsets[d] for d in row.done]
-        if all(r in first.index and min(sends_start) >= first[r] for r in row.ranks):
-            out.append((str(row.coll), int(row.occurrence)))
-    return out
 
 
 def _scale_ops(w: WhatIf, pattern: str, factor: float) -> int:
@@ -564,7 +472,7 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)]
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
-                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, for a pipeline, "
+                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward and --forward-prefetch, for a pipeline, "
                         "--microbatches and --schedule apply to it")
 
 

@@ -1,4 +1,4 @@
-"""FSDP2's ``reshard_after_forward``: memory against an all-gather per unit.
+"""FSDP2's ``reshard_after_forward`` (memory against an all-gather per unit) and forward prefetch.
 
 Resharded after forward, each unit frees its gathered parameters and gathers them again before
 its backward pass; kept, it holds them from its forward to its backward. The pass proposes the
@@ -6,6 +6,10 @@ other setting than the recorded one: the search weighs the step time the cost mo
 (:func:`dpro.analysis.whatif.predict`, ``reshard_after_forward``) against the memory
 :mod:`dpro.optimizer.memory` estimates, so that ``--memory-budget`` picks resharding where
 keeping does not fit.
+
+Forward prefetch issues each unit's all-gather while the units before it run (where the gather
+is asynchronous: on a GPU, or with FSDP2's async unshard); the pass proposes 1 and 2 units ahead
+on a job recorded without it.
 """
 
 from __future__ import annotations
@@ -22,3 +26,18 @@ def fsdp_reshard(analysis: RunAnalysis) -> Proposals:
         return Proposals(why="the job has no FSDP2 unit")
     recorded = analysis.parallelism.fsdp_reshard
     return Proposals([{"reshard_after_forward": not recorded}])
+
+
+PREFETCH_DEPTHS = (1, 2)  # units ahead; FSDP2's docs suggest 1 and warn that more holds more memory
+
+
+def fsdp_prefetch(analysis: RunAnalysis) -> Proposals:
+    """Forward prefetch of the next 1 or 2 units, on a job recorded without it."""
+    units = analysis.parallelism.fsdp
+    if not units:
+        return Proposals(why="the job has no FSDP2 unit")
+    if len(units) < 2:
+        return Proposals(why="the job has one FSDP2 unit: nothing to prefetch")
+    if analysis.parallelism.fsdp_forward_prefetch:
+        return Proposals(why="the job's units prefetch already (only FSDP2's default is modelled)")
+    return Proposals([{"fsdp_forward_prefetch": k} for k in PREFETCH_DEPTHS if k < len(units)])

@@ -1,0 +1,197 @@
+"""FSDP2's settings as graph edits (``dpro whatif --[no-]reshard-after-forward``, ``--forward-prefetch``).
+
+A unit's place in the graph is read from the FSDP hooks its ops ran (the graph's ``hooks``:
+``FSDP::pre_forward (unit)``, ``FSDP::pre_backward (unit)``, ``FSDP::backward_prefetch for
+unit``) and from the all-gathers those ops issued.
+
+- ``reshard_after_forward`` off: the all-gathers a rank issues after its first backward op send
+  nothing; on: each unit's forward all-gather is copied, issued where its backward prefetch runs
+  and needed by the op that runs its pre-backward hook.
+- ``forward prefetch K`` (FSDP2's ``set_modules_to_forward_prefetch``, each unit the next K):
+  each unit's forward all-gather is issued at the end of the pre-forward hook of the unit K
+  before it (the first unit prefetches the first K). FSDP2 unshards with ``async_op=False``
+  unless told otherwise, so on gloo the prefetching thread waits for each gather it issues: the
+  gathers a unit prefetches run one after the other, and the unit's own ops wait for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dpro.graph.dataflow import DataflowGraph
+from dpro.graph.vocabulary import collective_family
+from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.replayer.whatif import WhatIf, WhatIfError
+
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["forward_prefetch", "reshard"]
+
+HOOKS = (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
+         ("FSDP::backward_prefetch for ", "prefetch"))
+"""The FSDP2 ranges that say where a unit is gathered (torch 2.13's names) and what each marks."""
+
+Gather = tuple[str, int]  # a collective's name and occurrence
+
+
+def reshard(w: WhatIf, analysis: RunAnalysis, value: bool) -> dict[str, Any]:
+    """FSDP2's ``reshard_after_forward`` for every unit. Kept unsharded after the forward pass,
+    a unit needs no all-gather before its backward: the all-gathers a rank issues after its
+    first backward op send nothing (each keeps its call's fixed cost; the copy out of the
+    gathered buffer, inside the unit's ops, stays too: the gain errs low)."""
+    if analysis.parallelism.fsdp and value == analysis.parallelism.fsdp_reshard:
+        return {"backward_all_gathers": 0, "note": "as recorded"}
+    group = _shard_group(analysis, "--reshard-after-forward")
+    if value:
+        added = _regather_in_backward(w)
+        if not added:
+            raise WhatIfError("no FSDP unit's forward all-gather and pre-backward hook were found in this run's graph")
+        return {"backward_all_gathers": added}
+    gone = _backward_all_gathers(w.graph, group)
+    for coll, k in gone:
+        w.set_collective_bytes(coll, k, 0.0)
+    return {"backward_all_gathers": len(gone)}
+
+
+def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, Any]:
+    """Each unit's forward all-gather issued by the unit ``depth`` before it (see the module
+    docstring); how many moved. Modelled from FSDP2's default (no forward prefetch) and where
+    each gather is waited right after the op that issued it (``async_op=False`` on gloo)."""
+    _shard_group(analysis, "--forward-prefetch")
+    recorded = analysis.parallelism.fsdp_forward_prefetch
+    if recorded:
+        raise WhatIfError(f"--forward-prefetch is modelled from FSDP2's default (no forward prefetch); this job's "
+                          f"units prefetch {recorded} ahead")
+    if depth == 0:
+        return {"forward_prefetch": 0, "moved_all_gathers": 0, "note": "as recorded"}
+    where, issued_by = _hook_nodes(w), _gathers_issued_by(w)
+    heads = sorted(((min(w.graph.nodes["offset_ns"].to_numpy()[list(by_rank.values())]), unit, by_rank)
+                    for (kind, unit), by_rank in where.items() if kind == "forward"), key=lambda t: t[0])
+    units = [(unit, gather, by_rank) for _, unit, by_rank in heads
+             if (gather := next((issued_by[v] for v in by_rank.values() if v in issued_by), None))]
+    if len(units) < 2:
+        raise WhatIfError("no two FSDP units' forward all-gathers were found in this run's graph")
+    after, waiter = _next_on_queue(w), {}
+    for unit, gather, by_rank in units:
+        waiter[unit] = _waited_by(w, gather)
+        if any(after.get(by_rank.get(r, -1)) != v for r, v in waiter[unit].items()):
+            raise WhatIfError(f"unit {unit or 'root'!r}'s forward all-gather is not waited right after it is issued "
+                              "(FSDP2's async unshard, or a GPU's streams): --forward-prefetch is not modelled for it")
+    moved = 0
+    for j, (unit, _, _) in enumerate(units):
+        prefetched = [units[i] for i in range(1, len(units)) if max(0, i - depth) == j]
+        issuers = dict(waiter[unit])  # the end of the unit's own pre-forward hook, per rank
+        for _, gather, _ in prefetched:
+            if not w.reissue(*gather, issuers):
+                raise WhatIfError(f"the all-gather {gather[0]}#{gather[1]} could not be issued elsewhere")
+            done = _done_by_rank(w, gather)
+            w.add_waits({r: done[r] for r in issuers}, {r: after[v] for r, v in waiter[unit].items()})
+            issuers = done  # synchronous: the next gather starts when this one is done
+            moved += 1
+    return {"forward_prefetch": depth, "moved_all_gathers": moved}
+
+
+def _shard_group(analysis: RunAnalysis, flag: str) -> str:
+    """The one process group the job's FSDP units shard over; a one-line error otherwise."""
+    units = analysis.parallelism.fsdp
+    if not units:
+        raise WhatIfError(f"{flag} applies to FSDP jobs; this job has no fully_shard unit")
+    groups = {str(u.get("shard_group")) for u in units if u.get("parameters")}
+    if len(groups) != 1:
+        raise WhatIfError(f"{flag} is modelled for FSDP over one process group; this job's units "
+                          f"shard over {len(groups)} ({', '.join(sorted(groups))})")
+    return groups.pop()
+
+
+def _hook_nodes(w: WhatIf) -> dict[tuple[str, str], dict[int, int]]:
+    """``(kind, unit) -> rank -> node``: the first op of each rank that ran each FSDP hook
+    (:data:`HOOKS`; the root unit is ``""``)."""
+    nodes = w.graph.nodes
+    hooks = nodes["hooks"].astype(object).fillna("").astype(str).str.split(";") if "hooks" in nodes else None
+    if hooks is None or not hooks.map(lambda names: any(names)).any():
+        raise WhatIfError("this run's graph holds no FSDP pre-forward or pre-backward hook (torch's FSDP::* ranges)")
+    where: dict[tuple[str, str], dict[int, int]] = {}
+    rank = nodes["rank"].to_numpy()
+    for v in np.argsort(nodes["offset_ns"].to_numpy(), kind="stable"):
+        for hook in hooks.iat[v]:
+            for prefix, kind in HOOKS:
+                if hook.startswith(prefix):
+                    unit = hook[len(prefix):].strip().strip("()")
+                    where.setdefault((kind, unit), {}).setdefault(int(rank[v]), int(v))
+    return where
+
+
+def _gathers_issued_by(w: WhatIf) -> dict[int, Gather]:
+    """The op that issued each rank's instance of each all-gather."""
+    issued_by = {}
+    enqueue = w.edges[w.edges["kind"] == "enqueue"]
+    for row in w.graph.collectives.itertuples():
+        if collective_family(str(row.coll)) == "all_gather":
+            arrivals = w._arrivals(w.graph.collectives.loc[row.Index])
+            for src in enqueue[enqueue["dst"].isin(arrivals)]["src"]:
+                issued_by[int(src)] = (str(row.coll), int(row.occurrence))
+    return issued_by
+
+
+def _done_by_rank(w: WhatIf, gather: Gather) -> dict[int, int]:
+    """Each rank's end of ``gather``."""
+    c = w._collective(*gather)
+    return dict(zip((int(r) for r in c["ranks"]), (int(v) for v in c["done"])))
+
+
+def _waited_by(w: WhatIf, gather: Gather) -> dict[int, int]:
+    """The op of each rank that waits for its end of ``gather``."""
+    edges = w.edges[w.edges["kind"] == "wait"]
+    return {r: int(edges.loc[edges["src"] == done, "dst"].iat[0]) for r, done in _done_by_rank(w, gather).items()
+            if (edges["src"] == done).any()}
+
+
+def _regather_in_backward(w: WhatIf) -> int:
+    """Each unit gathered again before its backward pass, as FSDP2 does when it reshards after
+    forward: a copy of the unit's forward all-gather, issued where its backward prefetch runs
+    (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
+    pass; without one, the op before the unit's own pre-backward hook) and needed by the op that
+    runs the unit's ``FSDP::pre_backward`` hook; how many were added."""
+    where, issued_by = _hook_nodes(w), _gathers_issued_by(w)
+    added = 0
+    previous = {v: u for u, v in _next_on_queue(w).items()}
+    for (kind, unit), heads in list(where.items()):
+        if kind != "forward":
+            continue
+        gather = next((issued_by[v] for v in heads.values() if v in issued_by), None)
+        users = where.get(("backward", unit))
+        if gather is None or not users or set(users) != set(w._collective(*gather)["ranks"]):
+            continue
+        prefetch = where.get(("prefetch", unit), {})
+        issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}
+        if any(v is None or v == users[r] for r, v in issuers.items()):
+            continue
+        w.add_collective(*gather, issuers=issuers, users=users)
+        added += 1
+    return added
+
+
+def _next_on_queue(w: WhatIf) -> dict[int, int]:
+    """Each node's successor on its thread or stream (program order)."""
+    order = w.edges[w.edges["kind"] == "order"]
+    return dict(zip(order["src"].astype(int), order["dst"].astype(int)))
+
+
+def _backward_all_gathers(graph: DataflowGraph, group: str) -> list[Gather]:
+    """The all-gathers of ``group`` every rank issued after its first backward op (FSDP's before
+    a unit's backward)."""
+    nodes = graph.nodes
+    names = nodes["name"].astype(str)
+    backward = nodes[names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy() & (nodes["kind"] == "cpu").to_numpy()]
+    first = backward.groupby("rank")["offset_ns"].min()
+    out = []
+    offsets = nodes["offset_ns"].to_numpy()
+    for row in graph.collectives.itertuples():
+        if collective_family(str(row.coll)) != "all_gather" or not len(row.done) or str(row.group) != group:
+            continue
+        sends_start = [offsets[s] for s in row.sends] or [offsets[d] for d in row.done]
+        if all(r in first.index and min(sends_start) >= first[r] for r in row.ranks):
+            out.append((str(row.coll), int(row.occurrence)))
+    return out
