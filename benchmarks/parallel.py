@@ -8,7 +8,7 @@ forms (``benchmarks/testbed/job.py --form``):
   kept gathered; each predicts the other (``--[no-]reshard-after-forward``: step time, and the
   memory peak against the other's recorded one), and the resharded one twice the link rate
   (``--bandwidth-scale 2``) and each unit prefetching the next in its forward pass
-  (``--forward-prefetch 1``);
+  (``--forward-prefetch 1``) and every 2 layers one unit (``--merge-units 2``);
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
   8 and 2 micro-batches (``--microbatches``; 8 also from the pair of the 4 and 2 micro-batch
   recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
@@ -84,6 +84,7 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
     pp = Config(f"{tag}-pp", job, RATE_MBIT, form="pp")
     configs = [fsdp, pp, fsdp.but(f"{tag}-fsdp-noreshard", reshard=False),
                fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), fsdp.but(f"{tag}-fsdp-prefetch", forward_prefetch=1),
+               fsdp.but(f"{tag}-fsdp-units2", layers_per_unit=2),
                pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2),
                pp.but(f"{tag}-pp-8mb", microbatches=8), pp.but(f"{tag}-pp-2mb", microbatches=2),
                pp.but(f"{tag}-pp-1f1b", schedule="1f1b")]
@@ -93,6 +94,7 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
                   memory=True),
              Case("fsdp: links 2x", fsdp.name, f"{tag}-fsdp-2x", {"bandwidth_scale": 2.0}),
              Case("fsdp: forward prefetch 1", fsdp.name, f"{tag}-fsdp-prefetch", {"forward_prefetch": 1}),
+             Case("fsdp: 2 layers a unit", fsdp.name, f"{tag}-fsdp-units2", {"merge_units": 2}),
              Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
              Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
              Case("pp: 8 micro-batches, with the 2's recording", pp.name, f"{tag}-pp-8mb",

@@ -26,8 +26,9 @@
   ``Schedule1F1B`` the script builds from ``torch.distributed.pipelining`` is built with this
   micro-batch count and as this schedule (the names are replaced before the script imports
   them; a script that imports them from ``torch.distributed.pipelining.schedules`` keeps its own);
-- ``activation_checkpointing``, ``gradient_accumulation`` and ``torch_compile`` need a change
-  to the model's code or the training loop (the strategy's ``code``): they are left out, and
+- ``activation_checkpointing``, ``gradient_accumulation``, ``torch_compile`` and
+  ``fsdp_merge_units`` need a change to the model's code, the training loop or its
+  ``fully_shard`` calls (the strategy's ``code``): they are left out, and
   said so.
 
 What was applied and what was left out goes to the rank's ``meta.json`` (``applied``). A
@@ -49,7 +50,8 @@ ENV_APPLY = "DPRO_APPLY"
 CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DistributedDataParallel's arguments
 CODE_CHANGES = {"activation_checkpointing": "a change to the model's code",
                 "gradient_accumulation": "a change to the training loop",
-                "torch_compile": "the DDP module compiled in the script"}
+                "torch_compile": "the DDP module compiled in the script",
+                "fsdp_merge_units": "a change to the script's fully_shard calls"}
 """Settings ``--apply`` leaves out, and why: they need the script changed (the strategy's ``code``)."""
 
 _SCHEDULE_ARGS = ("n_microbatches", "loss_fn", "args_chunk_spec", "kwargs_chunk_spec", "output_merge_spec", "scale_grads")

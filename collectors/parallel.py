@@ -7,8 +7,9 @@ job did not import. :func:`describe` returns the ``parallel`` section of a rank'
 - ``meshes``: each device mesh (largest first, its sub-meshes left out): ``shape``,
   ``dim_names``, ``ranks`` (the global ranks in mesh order) and, per dimension, this rank's
   process group name (``groups``);
-- ``fsdp``: each module under ``fully_shard`` (an FSDP *unit*): ``module`` (its name in the
-  root, ``""`` for the root), ``root``, ``parameters`` (count), ``unsharded_bytes`` and
+- ``fsdp``: each FSDP *unit* (a ``fully_shard`` call): ``module`` (its module's name in the
+  root, ``""`` for the root; the names ``", "``-joined for ``fully_shard([a, b])``, as FSDP's
+  ranges name the unit), ``root``, ``parameters`` (count), ``unsharded_bytes`` and
   ``sharded_bytes`` (this rank's shard), ``reshard_after_forward``, ``forward_prefetch`` and
   ``backward_prefetch`` (the units it prefetches, when the script set them), ``shard_group``
   (the process group it shards over) and ``mesh_shape``;
@@ -73,14 +74,19 @@ def _fsdp_units(modules: list[Any]) -> list[dict[str, Any]]:
         state = module._get_fsdp_state()
         if getattr(state, "_is_root", False):
             names.update({id(m): name for name, m in module.named_modules()})
-    units = []
+    units, seen = [], set()
     for module in modules:
         state = module._get_fsdp_state()
+        if id(state) in seen:  # fully_shard([a, b]): one unit of several modules
+            continue
+        seen.add(id(state))
+        held = getattr(state, "_modules", None) or (module,)
         group = state._fsdp_param_group
         params = list(group.fsdp_params) if group is not None else []
         mesh_info = group.mesh_info if group is not None else None
         units.append({
-            "module": names.get(id(module), type(module).__name__), "root": bool(getattr(state, "_is_root", False)),
+            "module": ", ".join(names.get(id(m), type(m).__name__) for m in held),  # as FSDP's ranges name it
+            "root": bool(getattr(state, "_is_root", False)),
             "parameters": len(params),
             "unsharded_bytes": sum(_numel(p._orig_size) * p.sharded_param.element_size() for p in params),
             "sharded_bytes": sum(_local(p.sharded_param).numel() * p.sharded_param.element_size() for p in params),

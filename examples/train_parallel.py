@@ -8,7 +8,8 @@ Runs with gloo on CPU and with NCCL on GPUs, under torchrun::
     torchrun --standalone --nproc-per-node 2 examples/train_parallel.py --form pp --microbatches 4
 
 - ``fsdp``: every block and then the whole model under ``fully_shard`` (one FSDP unit per
-  block, one for the rest); ``--no-reshard`` keeps the parameters gathered after the forward.
+  block, one for the rest); ``--no-reshard`` keeps the parameters gathered after the forward,
+  ``--blocks-per-unit G`` wraps every ``G`` blocks as one unit (``fully_shard([...])``).
 - ``tp``: a ``(dp, tp)`` device mesh; each block's attention projections and MLP split column-
   then row-wise over ``tp`` with ``parallelize_module``, the gradients averaged over ``dp`` by
   an all-reduce per parameter after the backward.
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
+    p.add_argument("--blocks-per-unit", type=int, default=1, help="fsdp: consecutive blocks wrapped as one unit")
     p.add_argument("--tp", type=int, default=2, help="tp: the tensor-parallel degree (the mesh is world/tp × tp)")
     p.add_argument("--microbatches", type=int, default=int(os.environ.get("PP_MICROBATCHES", 4)))
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=os.environ.get("PP_SCHEDULE", "gpipe"))
@@ -126,8 +128,10 @@ def build_fsdp(args: argparse.Namespace, device: torch.device):
     from torch.distributed.fsdp import fully_shard
 
     model = TinyGPT(args.vocab, args.seq_len, args.d_model, args.layers, args.heads).to(device)
-    for block in model.blocks:
-        fully_shard(block, reshard_after_forward=not args.no_reshard)
+    blocks, size = list(model.blocks), args.blocks_per_unit
+    for i in range(0, len(blocks), size):  # fully_shard of a list: one unit for them all
+        unit = blocks[i:i + size]
+        fully_shard(unit[0] if size == 1 else unit, reshard_after_forward=not args.no_reshard)
     fully_shard(model, reshard_after_forward=not args.no_reshard)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 

@@ -31,9 +31,10 @@ NESTED_CALL_EDGES = ("launch", "enqueue")
 end to the nested call's end (negative: the call returned before the op ended)."""
 NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "peer", "occurrence",
                 "nbytes", "events", "hooks"]
-HOOK_PREFIXES = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::backward_prefetch for ")
+HOOK_PREFIXES = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::backward_prefetch for ", "FSDP::post_backward_reduce")
 """The FSDP hooks a top-level op runs (itself or nested in it), kept as its ``hooks``: where a
-unit's parameters are gathered and needed, for the what-ifs that change FSDP's settings."""
+unit's parameters are gathered and needed and its gradients reduced, for the what-ifs that
+change FSDP's settings."""
 
 
 @dataclass

@@ -22,6 +22,9 @@ with what the strategy's settings change.
   holds ``1 + K`` units gathered at once, against the two the backward pass holds already: the
   peak grows by ``K - 1`` times the largest unit's unsharded bytes. Kept gathered, the units
   are all gathered by the forward's end anyway: no change.
+- ``fsdp_merge_units`` of ``G``: where units reshard after forward, the two gathered at once
+  are groups: the peak grows by twice the difference between the ``G`` largest units' bytes
+  (an upper bound on a group's) and the largest unit's. Kept gathered: no change.
 - ``pipeline_microbatches`` and ``pipeline_schedule``: a stage holds the activations of the
   micro-batches it has run forward and not yet backward: all ``M`` under GPipe, at most
   ``stages - stage`` under 1F1B (its warm-up). The activations the stage held when its first
@@ -54,7 +57,7 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     if not memory:
         return None
     return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, parallelism)
-               + _prefetch_bytes(settings, parallelism)
+               + _prefetch_bytes(settings, parallelism) + _merge_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) for rank, m in memory.items())
 
 
@@ -96,6 +99,17 @@ def _prefetch_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -
         return 0
     gathered = [int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")]
     return max(0, depth - 1) * max(gathered, default=0)
+
+
+def _merge_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
+    """What wrapping ``G`` units as one adds to a rank's peak."""
+    size = settings.get("fsdp_merge_units")
+    reshard = settings.get("reshard_after_forward")
+    if parallelism is None or not size or not (parallelism.fsdp_reshard if reshard is None else reshard):
+        return 0
+    gathered = sorted((int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp
+                       if u.get("parameters") and not u.get("root")), reverse=True)
+    return 2 * (sum(gathered[:size]) - gathered[0]) if gathered else 0
 
 
 def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:

@@ -34,6 +34,9 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   parameters in its forward pass (``unit.set_modules_to_forward_prefetch([...])``, the units in
   the order ``fully_shard`` was called on them; the root unit, the first ``K``). Exact;
   ``--apply`` sets it.
+- ``fsdp_merge_units``: ``G`` (2 or more): every ``G`` consecutive FSDP2 units but the root
+  wrapped as one (``fully_shard([block_i, ..., block_i+G-1])``): fewer, larger all-gathers and
+  reduce-scatters. Exact; a change to the script's ``fully_shard`` calls ``--apply`` cannot make.
 - ``pipeline_microbatches`` and ``pipeline_schedule`` (``gpipe`` or ``1f1b``): a
   ``torch.distributed.pipelining`` schedule's micro-batch count and kind (``ScheduleGPipe(stage,
   n_microbatches=...)`` or ``Schedule1F1B``): the same batch per step, split otherwise. Exact
@@ -63,7 +66,8 @@ __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
-            "reshard_after_forward", "fsdp_forward_prefetch", "pipeline_microbatches", "pipeline_schedule")
+            "reshard_after_forward", "fsdp_forward_prefetch", "fsdp_merge_units", "pipeline_microbatches",
+            "pipeline_schedule")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -108,6 +112,8 @@ class Strategy:
             parts.append("reshard-after-forward" if reshard else "no-reshard-after-forward")
         if self.settings.get("fsdp_forward_prefetch") is not None:
             parts.append(f"forward-prefetch-{self.settings['fsdp_forward_prefetch']}")
+        if self.settings.get("fsdp_merge_units"):
+            parts.append(f"units-of-{self.settings['fsdp_merge_units']}")
         if self.settings.get("pipeline_microbatches"):
             parts.append(f"microbatches-{self.settings['pipeline_microbatches']}")
         if self.settings.get("pipeline_schedule"):
@@ -135,6 +141,7 @@ class Strategy:
                       fuse_ops=self.settings.get("torch_compile"),
                       reshard_after_forward=self.settings.get("reshard_after_forward"),
                       forward_prefetch=self.settings.get("fsdp_forward_prefetch"),
+                      merge_units=self.settings.get("fsdp_merge_units"),
                       microbatches=self.settings.get("pipeline_microbatches"),
                       schedule=self.settings.get("pipeline_schedule"))
 
@@ -163,6 +170,10 @@ class Strategy:
             k = self.settings["fsdp_forward_prefetch"]
             lines.append(f"units[i].set_modules_to_forward_prefetch(units[i + 1:i + {k + 1}])"
                          "  # units: the fully_shard modules in forward order, the root first")
+        if self.settings.get("fsdp_merge_units"):
+            g = self.settings["fsdp_merge_units"]
+            lines.append(f"for i in range(0, len(blocks), {g}): fully_shard(blocks[i:i + {g}])"
+                         "  # a list: one FSDP unit of them all")
         m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
         if m or schedule:
             cls = SCHEDULES.get(schedule or "", "YourSchedule")
@@ -225,6 +236,9 @@ def validate(settings: dict[str, Any]) -> None:
     k = settings.get("fsdp_forward_prefetch")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise StrategyError(f"fsdp_forward_prefetch must be a number of units, 0 or more, not {k!r}")
+    g = settings.get("fsdp_merge_units")
+    if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 2):
+        raise StrategyError(f"fsdp_merge_units must be a number of units, 2 or more, not {g!r}")
     m = settings.get("pipeline_microbatches")
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise StrategyError(f"pipeline_microbatches must be a positive number of micro-batches, not {m!r}")

@@ -351,6 +351,23 @@ class WhatIf:
         self.edges = edges.assign(src=src, lag_ns=lag)
         return True
 
+    def drop_collective(self, coll: str, occurrence: int) -> "WhatIf":
+        """Collective ``coll``'s ``occurrence`` not called: its sends take no time, and its
+        issue and its wait cost nothing (their lags, the worker's start and the caller's
+        wake-up, are gone); the ops that issued and awaited it keep their time (FSDP's copy
+        in and out, now done for a larger unit)."""
+        c = self._collective(coll, occurrence)
+        sends, done, arrivals, _ = self._pieces(c)
+        self._repeat[sends] = 0.0
+        edges = self.edges
+        kind = edges["kind"].to_numpy()
+        touched = ((np.isin(edges["dst"].to_numpy(), arrivals) & np.isin(kind, ISSUE_EDGES))
+                   | (np.isin(edges["src"].to_numpy(), done) & (kind == "wait")))
+        self.edges = edges.assign(lag_ns=np.where(touched, 0.0, edges["lag_ns"].to_numpy(np.float64)))
+        self._retime_sends()
+        self.durations[sends] = self._extra[sends]  # a send the link model does not time too
+        return self
+
     def add_waits(self, ends: dict[int, int], users: dict[int, int]) -> "WhatIf":
         """Each rank's ``users[rank]`` (a node id) waits for ``ends[rank]`` too: e.g. a thread
         that now waits, where FSDP prefetches, for an all-gather it issued."""

@@ -184,12 +184,32 @@ def test_forward_prefetch_is_predicted_where_fsdp_issues_it_and_apply_sets_it(fs
     assert_one_line_error(dpro("whatif", applied, "--forward-prefetch", "2"), "FSDP2's default", "prefetch 1 ahead")
 
 
+def test_merged_units_send_what_the_grouped_job_sends(fsdp_run: Path, tmp_path_factory) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+    from dpro.optimizer.passes import fsdp_units
+
+    analysis = RunAnalysis.open(fsdp_run)
+    assert fsdp_units(analysis).settings == [{"fsdp_merge_units": 2}]
+    merged = CostModel(analysis).predict(Change(merge_units=2)).summary["fsdp_units"]
+    assert (merged["units"], merged["groups"], merged["calls_dropped"]) == (2, 1, 2), \
+        "kept gathered: blocks.1's forward all-gather and its reduce-scatter are not called"
+    grouped = _record(tmp_path_factory, "fsdp", 2, "--no-reshard", "--blocks-per-unit", "2")
+    analysis = RunAnalysis.open(grouped)
+    assert [u["module"] for u in analysis.parallelism.fsdp] == ["", "blocks.0, blocks.1"], "fully_shard([a, b])"
+    recorded = analysis.graph.collectives
+    assert len(recorded) == len(RunAnalysis.open(fsdp_run).graph.collectives) - merged["calls_dropped"]
+    sizes = set(recorded["bytes"])
+    for call in merged["resized"]:  # the group's all-gather and reduce-scatter, as the grouped job sends them
+        assert call["bytes"] in sizes, (call, sizes)
+
+
 def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
     for run, option in ((fsdp_run, ["--bucket-cap-mb", "1"]), (fsdp_run, ["--world-size", "4"]),
                         (pp_run, ["--accumulate", "2"])):
         assert_one_line_error(dpro("whatif", run, *option), option[0], "data-parallel", "--bandwidth-scale")
     assert_one_line_error(dpro("whatif", pp_run, "--no-reshard-after-forward"), "FSDP", "no fully_shard unit")
     assert_one_line_error(dpro("whatif", pp_run, "--forward-prefetch", "1"), "--forward-prefetch", "no fully_shard unit")
+    assert_one_line_error(dpro("whatif", pp_run, "--merge-units", "2"), "--merge-units", "no fully_shard unit")
     assert_one_line_error(dpro("whatif", fsdp_run, "--microbatches", "8"), "--microbatches", "pipeline-parallel", "FSDP2")
     assert_one_line_error(dpro("whatif", pp_run, "--schedule", "1f1b", "--microbatches", "1"), "1F1B", "stages (2)")
     ok = dpro("whatif", pp_run, "--bandwidth-scale", "0.5")

@@ -55,6 +55,7 @@ class Config:
     form: str = "ddp"  # ddp | fsdp | pp (job.py's --form)
     reshard: bool = True  # fsdp: reshard_after_forward
     forward_prefetch: int = 0  # fsdp: units each prefetches in its forward pass
+    layers_per_unit: int = 1  # fsdp: layers under one fully_shard
     microbatches: int = 4  # pp
     schedule: str = "gpipe"  # pp: gpipe | 1f1b
 
@@ -63,7 +64,8 @@ class Config:
             out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--form", self.form]
             if self.form == "fsdp":
                 return (out + ([] if self.reshard else ["--no-reshard"])
-                        + (["--forward-prefetch", str(self.forward_prefetch)] if self.forward_prefetch else []))
+                        + (["--forward-prefetch", str(self.forward_prefetch)] if self.forward_prefetch else [])
+                        + (["--layers-per-unit", str(self.layers_per_unit)] if self.layers_per_unit > 1 else []))
             return out + ["--microbatches", str(self.microbatches), "--schedule", self.schedule]
         out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
         if self.first_bucket_mb is not None:

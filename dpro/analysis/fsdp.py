@@ -27,10 +27,10 @@ from dpro.replayer.whatif import WhatIf, WhatIfError
 
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["forward_prefetch", "reshard"]
+__all__ = ["forward_prefetch", "merge_units", "reshard"]
 
 HOOKS = (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
-         ("FSDP::backward_prefetch for ", "prefetch"))
+         ("FSDP::backward_prefetch for ", "prefetch"), ("FSDP::post_backward_reduce", "reduce"))
 """The FSDP2 ranges that say where a unit is gathered (torch 2.13's names) and what each marks."""
 
 Gather = tuple[str, int]  # a collective's name and occurrence
@@ -66,11 +66,7 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
                           f"units prefetch {recorded} ahead")
     if depth == 0:
         return {"forward_prefetch": 0, "moved_all_gathers": 0, "note": "as recorded"}
-    where, issued_by = _hook_nodes(w), _gathers_issued_by(w)
-    heads = sorted(((min(w.graph.nodes["offset_ns"].to_numpy()[list(by_rank.values())]), unit, by_rank)
-                    for (kind, unit), by_rank in where.items() if kind == "forward"), key=lambda t: t[0])
-    units = [(unit, gather, by_rank) for _, unit, by_rank in heads
-             if (gather := next((issued_by[v] for v in by_rank.values() if v in issued_by), None))]
+    units = _forward_gathers(w)
     if len(units) < 2:
         raise WhatIfError("no two FSDP units' forward all-gathers were found in this run's graph")
     after, waiter = _next_on_queue(w), {}
@@ -91,6 +87,80 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
             issuers = done  # synchronous: the next gather starts when this one is done
             moved += 1
     return {"forward_prefetch": depth, "moved_all_gathers": moved}
+
+
+def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
+    """Every ``size`` consecutive units (in forward order, the root apart) wrapped as one
+    (``fully_shard([block_i, block_i+1, ...])``): one all-gather for the group where its first
+    unit gathered, one before its backward where its first unit in the backward pass gathered
+    (resharded after forward), one reduce-scatter where its last did; each of the size of the
+    group's. The other units' calls are not made (:meth:`~dpro.replayer.whatif.WhatIf.drop_collective`);
+    their copies in and out move to the group's first unit, taking as long (their bytes)."""
+    _shard_group(analysis, "--merge-units")
+    forward = [(unit, gather) for unit, gather, _ in _forward_gathers(w) if unit]  # the root apart
+    if len(forward) < 2:
+        raise WhatIfError("--merge-units needs two or more FSDP units besides the root; this job has "
+                          f"{len(forward)}")
+    order = [unit for unit, _ in forward]
+    by_unit = {"forward": dict(forward), **_backward_collectives(w)}
+    groups = [order[i:i + size] for i in range(0, len(order), size)]
+    dropped: list[str] = []
+    resized: list[dict[str, Any]] = []
+    for kind, pick in (("forward", 0), ("regather", -1), ("reduce", 0)):
+        found = by_unit.get(kind, {})
+        for group in groups:
+            calls = [found[u] for u in group if u in found]
+            if len(group) < 2 or not calls:
+                continue
+            if len(calls) != len(group):
+                raise WhatIfError(f"the FSDP units {', '.join(group)} do not all show their {kind} collective "
+                                  "in this run's graph")
+            kept = calls[pick]
+            nbytes = sum(float(w._collective(*c)["bytes"]) for c in calls)
+            w.set_collective_bytes(*kept, nbytes)
+            resized.append({"collective": f"{kept[0]}#{kept[1]}", "units": group, "bytes": nbytes})
+            for call in calls:
+                if call != kept:
+                    w.drop_collective(*call)
+                    dropped.append(f"{call[0]}#{call[1]}")
+    return {"merge_units": size, "units": len(order), "groups": len(groups), "calls_dropped": len(dropped),
+            "dropped": dropped, "resized": resized}
+
+
+def _forward_gathers(w: WhatIf) -> list[tuple[str, Gather, dict[int, int]]]:
+    """Each unit's forward all-gather, in forward order: ``(unit, gather, rank -> the first op
+    that ran its pre-forward hook)``; the root unit is ``""``."""
+    where, issued_by = _hook_nodes(w), _gathers_issued_by(w)
+    offsets = w.graph.nodes["offset_ns"].to_numpy()
+    heads = sorted((min(offsets[list(by_rank.values())]), unit, by_rank)
+                   for (kind, unit), by_rank in where.items() if kind == "forward")
+    return [(unit, gather, by_rank) for _, unit, by_rank in heads
+            if (gather := next((issued_by[v] for v in by_rank.values() if v in issued_by), None))]
+
+
+def _backward_collectives(w: WhatIf) -> dict[str, dict[str, Gather]]:
+    """``{"regather": unit -> all-gather, "reduce": unit -> reduce-scatter}``: the collectives
+    issued by an op that ran the unit's backward prefetch (else its pre-backward hook), and by
+    the op that ran its post-backward reduce (gloo reduces with an all-reduce)."""
+    nodes, edges = w.graph.nodes, w.edges
+    hooks = nodes["hooks"].astype(object).fillna("").astype(str).str.split(";")
+    issue = edges[edges["kind"] == "enqueue"]
+    issuer_of = dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
+    found: dict[str, dict[str, Gather]] = {"regather": {}, "reduce": {}}
+    for row in w.graph.collectives.itertuples():
+        family = collective_family(str(row.coll))
+        for arrival in w._arrivals(w.graph.collectives.loc[row.Index]):
+            names = hooks.iat[issuer_of[int(arrival)]] if int(arrival) in issuer_of else []
+            if family == "all_gather":
+                unit = _unit_of(names, "FSDP::backward_prefetch for ")
+                unit = _unit_of(names, "FSDP::pre_backward") if unit is None else unit
+            else:
+                unit = _unit_of(names, "FSDP::post_backward_reduce")
+            if unit is not None:
+                found["reduce" if family != "all_gather" else "regather"].setdefault(
+                    unit, (str(row.coll), int(row.occurrence)))
+                break
+    return found
 
 
 def _shard_group(analysis: RunAnalysis, flag: str) -> str:
@@ -117,8 +187,8 @@ def _hook_nodes(w: WhatIf) -> dict[tuple[str, str], dict[int, int]]:
     for v in np.argsort(nodes["offset_ns"].to_numpy(), kind="stable"):
         for hook in hooks.iat[v]:
             for prefix, kind in HOOKS:
-                if hook.startswith(prefix):
-                    unit = hook[len(prefix):].strip().strip("()")
+                unit = _unit_of([hook], prefix)
+                if unit is not None:
                     where.setdefault((kind, unit), {}).setdefault(int(rank[v]), int(v))
     return where
 
@@ -133,6 +203,14 @@ def _gathers_issued_by(w: WhatIf) -> dict[int, Gather]:
             for src in enqueue[enqueue["dst"].isin(arrivals)]["src"]:
                 issued_by[int(src)] = (str(row.coll), int(row.occurrence))
     return issued_by
+
+
+def _unit_of(hooks: list[str], prefix: str) -> str | None:
+    """The unit of the first of ``hooks`` that starts with ``prefix`` (the root: ``""``), or None."""
+    for hook in hooks:
+        if hook.startswith(prefix):
+            return hook[len(prefix):].strip().strip("()")
+    return None
 
 
 def _done_by_rank(w: WhatIf, gather: Gather) -> dict[int, int]:

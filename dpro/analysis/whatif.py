@@ -114,6 +114,7 @@ class Change:
     op_scale: float | None = None
     reshard_after_forward: bool | None = None  # FSDP2's, for every unit
     forward_prefetch: int | None = None  # FSDP2's: each unit's forward all-gather issued this many units ahead
+    merge_units: int | None = None  # FSDP2's units (the root apart) wrapped this many as one
     microbatches: int | None = None  # a pipeline's, the same batch per step
     schedule: str | None = None  # a pipeline's: gpipe | 1f1b
     microbatch_run: str | None = None  # a recording of the same pipeline at another micro-batch count
@@ -207,6 +208,8 @@ class Prediction:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.reshard_after_forward is not None:
             details["fsdp"] = fsdp.reshard(w, analysis, change.reshard_after_forward)
+        if change.merge_units is not None:  # before the prefetch: the units are read from their gathers' issuers
+            details["fsdp_units"] = fsdp.merge_units(w, analysis, change.merge_units)
         if change.forward_prefetch is not None:
             details["fsdp_prefetch"] = fsdp.forward_prefetch(w, analysis, change.forward_prefetch)
         if change.bandwidth_scale is not None:
@@ -472,7 +475,8 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)]
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
-                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward and --forward-prefetch, for a pipeline, "
+                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, --forward-prefetch and "
+                        "--merge-units, for a pipeline, "
                         "--microbatches and --schedule apply to it")
 
 

@@ -9,7 +9,8 @@ keeping does not fit.
 
 Forward prefetch issues each unit's all-gather while the units before it run (where the gather
 is asynchronous: on a GPU, or with FSDP2's async unshard); the pass proposes 1 and 2 units ahead
-on a job recorded without it.
+on a job recorded without it. Larger units (several blocks under one ``fully_shard``) make
+fewer, larger collectives: the pass proposes 2 and 4 units as one, a code change.
 """
 
 from __future__ import annotations
@@ -41,3 +42,14 @@ def fsdp_prefetch(analysis: RunAnalysis) -> Proposals:
     if analysis.parallelism.fsdp_forward_prefetch:
         return Proposals(why="the job's units prefetch already (only FSDP2's default is modelled)")
     return Proposals([{"fsdp_forward_prefetch": k} for k in PREFETCH_DEPTHS if k < len(units)])
+
+
+UNITS_MERGED = (2, 4)
+
+
+def fsdp_units(analysis: RunAnalysis) -> Proposals:
+    """Every 2 or 4 units but the root wrapped as one, where there are that many."""
+    units = [u for u in analysis.parallelism.fsdp if u.get("parameters") and not u.get("root")]
+    if len(units) < 2:
+        return Proposals(why="the job has fewer than two FSDP2 units besides the root")
+    return Proposals([{"fsdp_merge_units": g} for g in UNITS_MERGED if g <= len(units)])
