@@ -63,6 +63,14 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     compiled = Strategy({"torch_compile": True, "bucket_cap_mb": 5})
     assert compiled.name == "bucket-cap-5mb+torch-compile" and not compiled.lossy and compiled.change().fuse_ops
     assert compiled.code()[1].startswith("model = torch.compile(model)")
+    fsdp = Strategy({"fsdp_forward_prefetch": 1, "fsdp_merge_units": 2})
+    assert fsdp.name == "forward-prefetch-1+units-of-2" and fsdp.code_change, "grouping units changes the script"
+    assert (fsdp.change().forward_prefetch, fsdp.change().merge_units) == (1, 2)
+    assert fsdp.code() == ["units[i].set_modules_to_forward_prefetch(units[i + 1:i + 2])  # units: the fully_shard "
+                           "modules in forward order, the root first",
+                           "for i in range(0, len(blocks), 2): fully_shard(blocks[i:i + 2])  # a list: one FSDP unit "
+                           "of them all"]
+    assert not Strategy({"fsdp_forward_prefetch": 2}).code_change, "--apply sets the prefetch"
 
 
 @pytest.mark.parametrize("settings, fragment", [
@@ -78,6 +86,8 @@ def test_a_strategy_names_its_change_in_code_and_in_settings() -> None:
     ({"gradient_accumulation": 1}, "gradient_accumulation must be a number of micro-batches of 2 or more"),
     ({"gradient_accumulation": True}, "gradient_accumulation must be"),
     ({"torch_compile": "max-autotune"}, "torch_compile can only be true"),
+    ({"fsdp_forward_prefetch": -1}, "fsdp_forward_prefetch must be a number of units, 0 or more"),
+    ({"fsdp_merge_units": 1}, "fsdp_merge_units must be a number of units, 2 or more"),
 ])
 def test_bad_settings_are_refused(settings: dict, fragment: str) -> None:
     with pytest.raises(StrategyError, match=fragment):

@@ -203,6 +203,30 @@ def test_merged_units_send_what_the_grouped_job_sends(fsdp_run: Path, tmp_path_f
         assert call["bytes"] in sizes, (call, sizes)
 
 
+def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_units_reshard() -> None:
+    from dpro.analysis.memory import RankMemory
+    from dpro.analysis.parallelism import Parallelism
+    from dpro.optimizer.memory import strategy_memory_bytes
+
+    def job(reshard: bool) -> Parallelism:
+        units = [{"module": "", "root": True, "parameters": 2, "unsharded_bytes": 50, "reshard_after_forward": reshard}]
+        units += [{"module": f"blocks.{i}", "root": False, "parameters": 4, "unsharded_bytes": b,
+                   "reshard_after_forward": reshard} for i, b in enumerate((100, 300, 200, 100))]
+        return Parallelism(world_size=2, fsdp=units)
+
+    memory = {0: RankMemory(1000, 1000, 0, True, 0, 500, "cpu")}
+
+    def peak(settings: dict, reshard: bool = True) -> int:
+        return strategy_memory_bytes(settings, memory, None, job(reshard))
+
+    recorded = peak({})
+    assert peak({"fsdp_forward_prefetch": 1}) == recorded, "1 unit ahead: two gathered, as the backward pass holds"
+    assert peak({"fsdp_forward_prefetch": 3}) == recorded + 2 * 300
+    assert peak({"fsdp_merge_units": 2}) == recorded + 2 * (300 + 200 - 300), "two groups of the two largest at most"
+    assert peak({"fsdp_merge_units": 2, "fsdp_forward_prefetch": 3}, reshard=False) == peak({}, reshard=False), \
+        "kept gathered, every unit is gathered by the forward's end anyway"
+
+
 def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
     for run, option in ((fsdp_run, ["--bucket-cap-mb", "1"]), (fsdp_run, ["--world-size", "4"]),
                         (pp_run, ["--accumulate", "2"])):
