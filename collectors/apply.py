@@ -147,8 +147,8 @@ class Applier:
             unit = original(module, *args, **kwargs)
             if depth is not None:
                 try:
-                    _prefetch_forward(units, unit, int(depth))
-                    applier._note(f"forward prefetch of the next {depth} unit(s)")
+                    if _prefetch_forward(units, unit, int(depth)):
+                        applier._note(f"forward prefetch of the next {depth} unit(s)")
                 except Exception as e:  # the job runs with FSDP2's own prefetching
                     log_error("setting FSDP2's forward prefetch", e)
             return unit
@@ -256,14 +256,18 @@ def _several_buckets(module: Any) -> bool:
     return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad) > first_bucket_cap(module)
 
 
-def _prefetch_forward(units: list[Any], unit: Any, depth: int) -> None:
-    """Place ``unit``, just wrapped, in ``units`` (forward order: before the first unit it
-    holds, else last) and give every unit the next ``depth`` units as its forward prefetch."""
-    held = {id(m) for m in unit.modules()}
+def _prefetch_forward(units: list[Any], unit: Any, depth: int) -> bool:
+    """Place ``unit``, just wrapped (a module, or the list ``fully_shard([a, b])`` made one unit
+    of, then held by its first module), in ``units`` (forward order: before the first unit it
+    holds, else last) and give every unit the next ``depth`` units as its forward prefetch;
+    whether any unit got one."""
+    modules = list(unit) if isinstance(unit, (list, tuple)) else [unit]
+    held = {id(m) for module in modules for m in module.modules()}
     inner = [i for i, u in enumerate(units) if id(u) in held]
-    units.insert(inner[0] if inner else len(units), unit)
+    units.insert(inner[0] if inner else len(units), modules[0])
     for i, u in enumerate(units):
         u.set_modules_to_forward_prefetch(units[i + 1:i + 1 + depth])
+    return depth > 0 and len(units) > 1
 
 
 def _default_bucket_cap_mb() -> float:

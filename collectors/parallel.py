@@ -80,13 +80,11 @@ def _fsdp_units(modules: list[Any]) -> list[dict[str, Any]]:
         if id(state) in seen:  # fully_shard([a, b]): one unit of several modules
             continue
         seen.add(id(state))
-        held = getattr(state, "_modules", None) or (module,)
         group = state._fsdp_param_group
         params = list(group.fsdp_params) if group is not None else []
         mesh_info = group.mesh_info if group is not None else None
         units.append({
-            "module": ", ".join(names.get(id(m), type(m).__name__) for m in held),  # as FSDP's ranges name it
-            "root": bool(getattr(state, "_is_root", False)),
+            "module": _unit_name(state, names), "root": bool(getattr(state, "_is_root", False)),
             "parameters": len(params),
             "unsharded_bytes": sum(_numel(p._orig_size) * p.sharded_param.element_size() for p in params),
             "sharded_bytes": sum(_local(p.sharded_param).numel() * p.sharded_param.element_size() for p in params),
@@ -113,10 +111,18 @@ def _numel(size: Any) -> int:
 
 
 def _unit_names(states: Any, names: dict[int, str]) -> list[str] | None:
-    """The modules of the FSDP states a unit prefetches; None when the script set none."""
-    if not states:
-        return None
-    return [names.get(id(m), type(m).__name__) for s in states for m in getattr(s, "_modules", ())]
+    """The units (FSDP states) a unit prefetches; None when the script set none."""
+    return [_unit_name(s, names) for s in states] if states else None
+
+
+def _unit_name(state: Any, names: dict[int, str]) -> str:
+    """A unit's name as FSDP's ranges give it: its module's name in the root (``""`` for the
+    root), the names ``", "``-joined for ``fully_shard([a, b])``."""
+    group = getattr(state, "_fsdp_param_group", None)
+    fqn = getattr(group, "_module_fqn", None)
+    if isinstance(fqn, str):
+        return fqn
+    return ", ".join(names.get(id(m), type(m).__name__) for m in getattr(state, "_modules", ()))
 
 
 def _group_name(mesh_info: Any) -> str | None:

@@ -9,7 +9,8 @@ Runs with gloo on CPU and with NCCL on GPUs, under torchrun::
 
 - ``fsdp``: every block and then the whole model under ``fully_shard`` (one FSDP unit per
   block, one for the rest); ``--no-reshard`` keeps the parameters gathered after the forward,
-  ``--blocks-per-unit G`` wraps every ``G`` blocks as one unit (``fully_shard([...])``).
+  ``--blocks-per-unit G`` wraps every ``G`` blocks as one unit (``fully_shard([...])``),
+  ``--checkpoint`` runs every block under activation checkpointing.
 - ``tp``: a ``(dp, tp)`` device mesh; each block's attention projections and MLP split column-
   then row-wise over ``tp`` with ``parallelize_module``, the gradients averaged over ``dp`` by
   an all-reduce per parameter after the backward.
@@ -23,6 +24,7 @@ set, so a launcher can change them without editing the command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import time
@@ -31,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 try:
     from examples.train_lm import TinyGPT, synthetic_batch, write_step_times
@@ -54,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
     p.add_argument("--blocks-per-unit", type=int, default=1, help="fsdp: consecutive blocks wrapped as one unit")
+    p.add_argument("--checkpoint", action="store_true", help="fsdp: every block under activation checkpointing")
     p.add_argument("--tp", type=int, default=2, help="tp: the tensor-parallel degree (the mesh is world/tp × tp)")
     p.add_argument("--microbatches", type=int, default=int(os.environ.get("PP_MICROBATCHES", 4)))
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=os.environ.get("PP_SCHEDULE", "gpipe"))
@@ -128,6 +132,9 @@ def build_fsdp(args: argparse.Namespace, device: torch.device):
     from torch.distributed.fsdp import fully_shard
 
     model = TinyGPT(args.vocab, args.seq_len, args.d_model, args.layers, args.heads).to(device)
+    if args.checkpoint:  # each block's activations recomputed in the backward pass
+        for block in model.blocks:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     blocks, size = list(model.blocks), args.blocks_per_unit
     for i in range(0, len(blocks), size):  # fully_shard of a list: one unit for them all
         unit = blocks[i:i + size]

@@ -31,10 +31,11 @@ NESTED_CALL_EDGES = ("launch", "enqueue")
 end to the nested call's end (negative: the call returned before the op ended)."""
 NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "peer", "occurrence",
                 "nbytes", "events", "hooks"]
-HOOK_PREFIXES = ("FSDP::pre_forward", "FSDP::pre_backward", "FSDP::backward_prefetch for ", "FSDP::post_backward_reduce")
-"""The FSDP hooks a top-level op runs (itself or nested in it), kept as its ``hooks``: where a
-unit's parameters are gathered and needed and its gradients reduced, for the what-ifs that
-change FSDP's settings."""
+HOOK_PATTERN = (r"FSDP::(?:pre_forward|pre_backward|forward_prefetch for |backward_prefetch for |post_backward_reduce"
+                r"|all_gather(?= \(|$))")
+"""The FSDP ranges a top-level op runs (itself or nested in it), kept as its ``hooks``: where a
+unit's parameters are gathered (``FSDP::all_gather (unit)``, not its copies) and needed and its
+gradients reduced, for the what-ifs that change FSDP's settings."""
 
 
 @dataclass
@@ -259,10 +260,10 @@ def _events_inside(nodes: pd.DataFrame, inner: pd.DataFrame) -> np.ndarray:
 
 
 def _hooks_inside(nodes: pd.DataFrame, inner: pd.DataFrame) -> list[str]:
-    """Per node, the names of the :data:`HOOK_PREFIXES` events it is or holds, ``;``-joined
-    (``""`` for none)."""
+    """Per node, the names of the :data:`HOOK_PATTERN` events it is or holds, in order,
+    ``;``-joined (``""`` for none)."""
     def hooks(names: pd.Series) -> pd.Series:
-        return names.astype(str)[names.astype(str).str.startswith(HOOK_PREFIXES)]
+        return names.astype(str)[names.astype(str).str.match(HOOK_PATTERN)]
 
     nested = inner[inner["key"].isna()] if "key" in inner else inner
     found = hooks(nested["name"]).groupby(nested.loc[hooks(nested["name"]).index, "parent_key"]).agg(list)

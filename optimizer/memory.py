@@ -43,7 +43,7 @@ from dpro.analysis.memory import RankMemory
 from dpro.analysis.parallelism import Parallelism
 from dpro.replayer.pipeline import in_flight, schedule_name
 
-from dpro.optimizer.passes.checkpointing import block_lists
+from dpro.optimizer.passes.checkpointing import job_block_lists
 
 __all__ = ["strategy_memory_bytes"]
 
@@ -56,7 +56,8 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     ``parallelism``: the job's FSDP units and pipeline, if any."""
     if not memory:
         return None
-    return max(_rank_bytes(settings, m, layout or {}) + _reshard_bytes(settings, parallelism)
+    blocks = job_block_lists(layout, parallelism.fsdp if parallelism else []) or {}
+    return max(_rank_bytes(settings, m, layout or {}, blocks) + _reshard_bytes(settings, parallelism)
                + _prefetch_bytes(settings, parallelism) + _merge_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) for rank, m in memory.items())
 
@@ -97,8 +98,10 @@ def _prefetch_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -
     reshard = settings.get("reshard_after_forward")
     if parallelism is None or not depth or not (parallelism.fsdp_reshard if reshard is None else reshard):
         return 0
-    gathered = [int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")]
-    return max(0, depth - 1) * max(gathered, default=0)
+    gathered = sorted((int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")),
+                      reverse=True)
+    largest = sum(gathered[:settings.get("fsdp_merge_units") or 1])  # a group's, with units merged
+    return max(0, depth - 1) * largest
 
 
 def _merge_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
@@ -112,11 +115,12 @@ def _merge_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> i
     return 2 * (sum(gathered[:size]) - gathered[0]) if gathered else 0
 
 
-def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any]) -> int:
+def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any],
+                block_lists: dict[str, tuple[int, int]]) -> int:
     added = m.added_bytes or 0
     blocks = settings.get("activation_checkpointing")
     if blocks:
-        count = block_lists(layout).get(blocks, (1, 0))[0]
+        count = block_lists.get(blocks, (1, 0))[0]
         added -= round(added * (1 - min(1.0, 2 / count)))
     micro_batches = settings.get("gradient_accumulation")
     if micro_batches:

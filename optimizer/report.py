@@ -40,14 +40,16 @@ def report(result: SearchResult) -> dict[str, Any]:
     apart = lines([x for x in entries if x["code_change"] or x["interval_ms"] is None])
     best = ranked[0] if ranked else None
     if not any(e is result.recorded for e in result.evaluated):  # over the memory budget
-        # the best scored strategy that fits; with none, the fewest unscored settings that fit (their
-        # predictions have no interval to rank them by), the best predicted of those
-        best = ranked[0] if ranked else min(apart, key=lambda x: (len(x["passes"]), x["predicted_step_ms"]))
+        # the best scored strategy that fits; with none, of those that fit, one --apply can set before a
+        # code change, then the fewest changes (passes: their predictions have no interval to rank them
+        # by), the best predicted of those
+        best = ranked[0] if ranked else min(apart, key=lambda x: (x["code_change"], len(x["passes"]),
+                                                                  x["predicted_step_ms"]))
         best["status"] = "recommended"
         verdict = {"verdict": "change", "name": best["name"],
                    "why": "the recorded configuration needs more memory than the budget: "
                           + ("the best predicted that fits" if ranked else "the smallest change that fits, "
-                             "the best predicted of those (unscored: no interval)")}
+                             "--apply's first, the best predicted of those (unscored: no interval)")}
         ranked = [best] + [x for x in ranked if x is not best]
         apart = [x for x in apart if x is not best]
     elif best is not None and best["status"] == "proven":

@@ -81,6 +81,7 @@ class WhatIf:
         self._repeat = np.ones(len(nodes))  # algorithm steps each send now stands for
         self._extra = np.zeros(len(nodes))  # time added to a send (a comm hook's compute)
         self._model_of: dict[int, tuple] = {}
+        self.dropped: set[tuple[str, int]] = set()  # the collectives :meth:`drop_collective` took out
         for c in graph.collectives.itertuples():
             key = (c.coll, link_class(graph, c.ranks))
             if key in self.model and np.isfinite(c.bytes):
@@ -108,6 +109,7 @@ class WhatIf:
                      "_origin"):
             setattr(other, name, getattr(self, name).copy())
         other._model_of = dict(self._model_of)
+        other.dropped = set(self.dropped)
         return other
 
     def select(self, *, name: str | None = None, kind: str | None = None, rank: int | None = None,
@@ -351,21 +353,37 @@ class WhatIf:
         self.edges = edges.assign(src=src, lag_ns=lag)
         return True
 
-    def drop_collective(self, coll: str, occurrence: int) -> "WhatIf":
-        """Collective ``coll``'s ``occurrence`` not called: its sends take no time, and its
-        issue and its wait cost nothing (their lags, the worker's start and the caller's
-        wake-up, are gone); the ops that issued and awaited it keep their time (FSDP's copy
-        in and out, now done for a larger unit)."""
+    def collective_bytes(self, coll: str, occurrence: int) -> float:
+        """Collective ``coll``'s ``occurrence``'s size as changed so far (recorded: its table's)."""
         c = self._collective(coll, occurrence)
-        sends, done, arrivals, _ = self._pieces(c)
+        sends = np.asarray(c["sends"], np.int64)
+        recorded = float(self.graph.nodes["bytes"].to_numpy(np.float64)[sends].sum()) if len(sends) else 0.0
+        return float(c["bytes"]) * float(self._bytes[sends].sum()) / recorded if recorded > 0 else float(c["bytes"])
+
+    def drop_collective(self, coll: str, occurrence: int) -> "WhatIf":
+        """Collective ``coll``'s ``occurrence`` not called: its sends take no time, its issue
+        and its wait cost nothing (their lags, the worker's start and the caller's wake-up, are
+        gone), and no rank waits for another's arrival at it (each rank's sends and end follow
+        its own arrival only). The ops that issued and awaited it keep their time (FSDP's copy
+        in and out of the gathered buffer)."""
+        c = self._collective(coll, occurrence)
+        sends, done, arrivals, members = self._pieces(c)
         self._repeat[sends] = 0.0
         edges = self.edges
-        kind = edges["kind"].to_numpy()
-        touched = ((np.isin(edges["dst"].to_numpy(), arrivals) & np.isin(kind, ISSUE_EDGES))
-                   | (np.isin(edges["src"].to_numpy(), done) & (kind == "wait")))
-        self.edges = edges.assign(lag_ns=np.where(touched, 0.0, edges["lag_ns"].to_numpy(np.float64)))
+        src, dst, kind = (edges[k].to_numpy() for k in ("src", "dst", "kind"))
+        touched = (np.isin(dst, arrivals) & np.isin(kind, ISSUE_EDGES)) | (np.isin(src, done) & (kind == "wait"))
+        ties = np.isin(dst, members) & np.isin(src, members)  # arrivals and sends into sends and ends
+        rank = self.graph.nodes["rank"].to_numpy()
+        own = {int(rank[a]): int(a) for a in arrivals}
+        inner = np.concatenate([sends, done])
+        own_arrival = pd.DataFrame({"src": [own[int(rank[v])] for v in inner if int(rank[v]) in own],
+                                    "dst": [int(v) for v in inner if int(rank[v]) in own], "lag_ns": 0.0,
+                                    "kind": "arrive"})
+        kept = edges.assign(lag_ns=np.where(touched, 0.0, edges["lag_ns"].to_numpy(np.float64)))[~ties]
+        self.edges = pd.concat([kept, own_arrival], ignore_index=True)
         self._retime_sends()
         self.durations[sends] = self._extra[sends]  # a send the link model does not time too
+        self.dropped.add((coll, occurrence))
         return self
 
     def add_waits(self, ends: dict[int, int], users: dict[int, int]) -> "WhatIf":

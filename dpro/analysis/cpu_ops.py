@@ -13,11 +13,12 @@ from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["ACCUMULATE_GRAD_EVENT", "DDP_FORWARD_EVENT", "VIEW_OPS", "cpu_ops", "forward_marks", "once_per_rank",
+__all__ = ["ACCUMULATE_GRAD_EVENT", "DDP_FORWARD_EVENT", "FSDP_EVENT_PREFIX", "VIEW_OPS", "cpu_ops", "forward_marks", "once_per_rank",
            "parents", "self_ns", "top_level", "view_op_ns"]
 
 ACCUMULATE_GRAD_EVENT = f"{BACKWARD_EVENT_PREFIX}: torch::autograd::AccumulateGrad"  # a gradient made ready
 DDP_FORWARD_EVENT = "DistributedDataParallel.forward"  # DDP's record_function around the model's forward
+FSDP_EVENT_PREFIX = "FSDP::"  # FSDP2's record_functions (its hooks, gathers and copies)
 VIEW_OPS = ("aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::alias")  # no work: an op's fixed cost
 
 T = TypeVar("T")

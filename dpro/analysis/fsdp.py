@@ -1,8 +1,10 @@
-"""FSDP2's settings as graph edits (``dpro whatif --[no-]reshard-after-forward``, ``--forward-prefetch``).
+"""FSDP2's settings as graph edits (``dpro whatif --[no-]reshard-after-forward``,
+``--forward-prefetch``, ``--merge-units``).
 
-A unit's place in the graph is read from the FSDP hooks its ops ran (the graph's ``hooks``:
+A unit's place in the graph is read from the FSDP ranges its ops ran (the graph's ``hooks``:
 ``FSDP::pre_forward (unit)``, ``FSDP::pre_backward (unit)``, ``FSDP::backward_prefetch for
-unit``) and from the all-gathers those ops issued.
+unit``, ``FSDP::post_backward_reduce (unit)``), and its collectives from the ranges they were
+issued in (``FSDP::all_gather (unit)``; its reduce-scatter, the op's post-backward reduce).
 
 - ``reshard_after_forward`` off: the all-gathers a rank issues after its first backward op send
   nothing; on: each unit's forward all-gather is copied, issued where its backward prefetch runs
@@ -12,10 +14,13 @@ unit``) and from the all-gathers those ops issued.
   before it (the first unit prefetches the first K). FSDP2 unshards with ``async_op=False``
   unless told otherwise, so on gloo the prefetching thread waits for each gather it issues: the
   gathers a unit prefetches run one after the other, and the unit's own ops wait for them.
+- ``merge units G``: every ``G`` consecutive units but the root as one (``fully_shard([...])``):
+  one call of each kind for the group, of the group's bytes; the other units' calls not made.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -23,15 +28,18 @@ import numpy as np
 from dpro.graph.dataflow import DataflowGraph
 from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
-from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.replayer.whatif import ISSUE_EDGES, WhatIf, WhatIfError
 
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["forward_prefetch", "merge_units", "reshard"]
 
 HOOKS = (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
-         ("FSDP::backward_prefetch for ", "prefetch"), ("FSDP::post_backward_reduce", "reduce"))
-"""The FSDP2 ranges that say where a unit is gathered (torch 2.13's names) and what each marks."""
+         ("FSDP::backward_prefetch for ", "prefetch"))
+"""Of the graph's FSDP ranges (:data:`dpro.graph.typical.HOOK_PATTERN`), those that say where a
+unit is needed and prefetched (torch 2.13's names), and what each marks."""
+GATHER = re.compile(r"FSDP::all_gather(?: \((.*)\))?")  # a unit's all-gather (the root's names no unit)
+REDUCE = "FSDP::post_backward_reduce"
 
 Gather = tuple[str, int]  # a collective's name and occurrence
 
@@ -72,7 +80,9 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
     after, waiter = _next_on_queue(w), {}
     for unit, gather, by_rank in units:
         waiter[unit] = _waited_by(w, gather)
-        if any(after.get(by_rank.get(r, -1)) != v for r, v in waiter[unit].items()):
+        synchronous = set(waiter[unit]) == set(_done_by_rank(w, gather)) and all(
+            after.get(by_rank.get(r, -1)) == v and v in after for r, v in waiter[unit].items())
+        if not synchronous:
             raise WhatIfError(f"unit {unit or 'root'!r}'s forward all-gather is not waited right after it is issued "
                               "(FSDP2's async unshard, or a GPU's streams): --forward-prefetch is not modelled for it")
     moved = 0
@@ -94,15 +104,17 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
     (``fully_shard([block_i, block_i+1, ...])``): one all-gather for the group where its first
     unit gathered, one before its backward where its first unit in the backward pass gathered
     (resharded after forward), one reduce-scatter where its last did; each of the size of the
-    group's. The other units' calls are not made (:meth:`~dpro.replayer.whatif.WhatIf.drop_collective`);
-    their copies in and out move to the group's first unit, taking as long (their bytes)."""
+    group's (as changed so far). The other units' calls are not made
+    (:meth:`~dpro.replayer.whatif.WhatIf.drop_collective`); their copies in and out of the
+    gathered buffer stay where they were (in FSDP they are the group's, taking as long for the
+    same bytes)."""
     _shard_group(analysis, "--merge-units")
     forward = [(unit, gather) for unit, gather, _ in _forward_gathers(w) if unit]  # the root apart
     if len(forward) < 2:
         raise WhatIfError("--merge-units needs two or more FSDP units besides the root; this job has "
                           f"{len(forward)}")
     order = [unit for unit, _ in forward]
-    by_unit = {"forward": dict(forward), **_backward_collectives(w)}
+    by_unit = _calls_by_unit(w)
     groups = [order[i:i + size] for i in range(0, len(order), size)]
     dropped: list[str] = []
     resized: list[dict[str, Any]] = []
@@ -116,9 +128,9 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
                 raise WhatIfError(f"the FSDP units {', '.join(group)} do not all show their {kind} collective "
                                   "in this run's graph")
             kept = calls[pick]
-            nbytes = sum(float(w._collective(*c)["bytes"]) for c in calls)
+            nbytes = sum(w.collective_bytes(*c) for c in calls)
             w.set_collective_bytes(*kept, nbytes)
-            resized.append({"collective": f"{kept[0]}#{kept[1]}", "units": group, "bytes": nbytes})
+            resized.append({"collective": f"{kept[0]}#{kept[1]}", "kind": kind, "units": group, "bytes": nbytes})
             for call in calls:
                 if call != kept:
                     w.drop_collective(*call)
@@ -128,38 +140,48 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
 
 
 def _forward_gathers(w: WhatIf) -> list[tuple[str, Gather, dict[int, int]]]:
-    """Each unit's forward all-gather, in forward order: ``(unit, gather, rank -> the first op
-    that ran its pre-forward hook)``; the root unit is ``""``."""
-    where, issued_by = _hook_nodes(w), _gathers_issued_by(w)
+    """Each unit's forward all-gather still called, in forward order: ``(unit, gather, rank ->
+    the first op that ran its pre-forward hook)``; the root unit is ``""``."""
+    where, gathers = _hook_nodes(w), _calls_by_unit(w)["forward"]
     offsets = w.graph.nodes["offset_ns"].to_numpy()
     heads = sorted((min(offsets[list(by_rank.values())]), unit, by_rank)
                    for (kind, unit), by_rank in where.items() if kind == "forward")
-    return [(unit, gather, by_rank) for _, unit, by_rank in heads
-            if (gather := next((issued_by[v] for v in by_rank.values() if v in issued_by), None))]
+    return [(unit, gathers[unit], by_rank) for _, unit, by_rank in heads
+            if unit in gathers and gathers[unit] not in w.dropped]
 
 
-def _backward_collectives(w: WhatIf) -> dict[str, dict[str, Gather]]:
-    """``{"regather": unit -> all-gather, "reduce": unit -> reduce-scatter}``: the collectives
-    issued by an op that ran the unit's backward prefetch (else its pre-backward hook), and by
-    the op that ran its post-backward reduce (gloo reduces with an all-reduce)."""
+def _calls_by_unit(w: WhatIf) -> dict[str, dict[str, Gather]]:
+    """``{"forward": unit -> all-gather, "regather": unit -> all-gather, "reduce": unit ->
+    reduce-scatter}``: each collective by the op that issued it, the k-th of an op's all-gathers
+    the unit of its k-th ``FSDP::all_gather (unit)`` range (forward where the op ran a
+    pre-forward hook), the k-th of its other collectives that of its k-th post-backward reduce
+    (gloo reduces with an all-reduce). An op whose ranges and calls do not pair up is left out."""
     nodes, edges = w.graph.nodes, w.edges
-    hooks = nodes["hooks"].astype(object).fillna("").astype(str).str.split(";")
-    issue = edges[edges["kind"] == "enqueue"]
+    found: dict[str, dict[str, Gather]] = {"forward": {}, "regather": {}, "reduce": {}}
+    if "hooks" not in nodes:
+        return found
+    hooks = nodes["hooks"].astype(object).fillna("").astype(str)
+    issue = edges[edges["kind"].isin(ISSUE_EDGES)]
     issuer_of = dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
-    found: dict[str, dict[str, Gather]] = {"regather": {}, "reduce": {}}
+    offsets = nodes["offset_ns"].to_numpy()
+    issued: dict[int, list[tuple[float, bool, Gather]]] = {}  # op -> (when, an all-gather, which)
     for row in w.graph.collectives.itertuples():
-        family = collective_family(str(row.coll))
+        gather = collective_family(str(row.coll)) == "all_gather"
         for arrival in w._arrivals(w.graph.collectives.loc[row.Index]):
-            names = hooks.iat[issuer_of[int(arrival)]] if int(arrival) in issuer_of else []
-            if family == "all_gather":
-                unit = _unit_of(names, "FSDP::backward_prefetch for ")
-                unit = _unit_of(names, "FSDP::pre_backward") if unit is None else unit
-            else:
-                unit = _unit_of(names, "FSDP::post_backward_reduce")
-            if unit is not None:
-                found["reduce" if family != "all_gather" else "regather"].setdefault(
-                    unit, (str(row.coll), int(row.occurrence)))
-                break
+            if int(arrival) in issuer_of:
+                issued.setdefault(issuer_of[int(arrival)], []).append(
+                    (float(offsets[arrival]), gather, (str(row.coll), int(row.occurrence))))
+    for op, calls in issued.items():
+        names = [n for n in hooks.iat[op].split(";") if n]
+        calls.sort()
+        gathered = [m.group(1) or "" for n in names if (m := GATHER.fullmatch(n))]
+        reduced = [_unit_of([n], REDUCE) or "" for n in names if n.startswith(REDUCE)]
+        kind = "forward" if any(n.startswith("FSDP::pre_forward") for n in names) else "regather"
+        for is_gather, units in ((True, gathered), (False, reduced)):
+            mine = [c for _, g, c in calls if g == is_gather]
+            if mine and len(mine) == len(units):
+                for call, unit in zip(mine, units):
+                    found[kind if is_gather else "reduce"].setdefault(unit, call)
     return found
 
 
@@ -193,18 +215,6 @@ def _hook_nodes(w: WhatIf) -> dict[tuple[str, str], dict[int, int]]:
     return where
 
 
-def _gathers_issued_by(w: WhatIf) -> dict[int, Gather]:
-    """The op that issued each rank's instance of each all-gather."""
-    issued_by = {}
-    enqueue = w.edges[w.edges["kind"] == "enqueue"]
-    for row in w.graph.collectives.itertuples():
-        if collective_family(str(row.coll)) == "all_gather":
-            arrivals = w._arrivals(w.graph.collectives.loc[row.Index])
-            for src in enqueue[enqueue["dst"].isin(arrivals)]["src"]:
-                issued_by[int(src)] = (str(row.coll), int(row.occurrence))
-    return issued_by
-
-
 def _unit_of(hooks: list[str], prefix: str) -> str | None:
     """The unit of the first of ``hooks`` that starts with ``prefix`` (the root: ``""``), or None."""
     for hook in hooks:
@@ -232,13 +242,13 @@ def _regather_in_backward(w: WhatIf) -> int:
     (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
     pass; without one, the op before the unit's own pre-backward hook) and needed by the op that
     runs the unit's ``FSDP::pre_backward`` hook; how many were added."""
-    where, issued_by = _hook_nodes(w), _gathers_issued_by(w)
+    where, gathers = _hook_nodes(w), _calls_by_unit(w)["forward"]
     added = 0
     previous = {v: u for u, v in _next_on_queue(w).items()}
     for (kind, unit), heads in list(where.items()):
         if kind != "forward":
             continue
-        gather = next((issued_by[v] for v in heads.values() if v in issued_by), None)
+        gather = gathers.get(unit)
         users = where.get(("backward", unit))
         if gather is None or not users or set(users) != set(w._collective(*gather)["ranks"]):
             continue

@@ -71,6 +71,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
@@ -84,8 +85,8 @@ from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
-from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, cpu_ops, forward_marks, once_per_rank,
-                                   top_level, view_op_ns)
+from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, FSDP_EVENT_PREFIX, cpu_ops,
+                                   forward_marks, once_per_rank, top_level, view_op_ns)
 from dpro.analysis import fsdp
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
@@ -206,10 +207,10 @@ class Prediction:
             details["scaled_ops"] = _scale_ops(w, change.scale_ops or ".", change.op_scale)
         if change.world_size is not None:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
+        if change.merge_units is not None:  # first: the units are read from the ops that issued their calls
+            details["fsdp_units"] = fsdp.merge_units(w, analysis, change.merge_units)
         if change.reshard_after_forward is not None:
             details["fsdp"] = fsdp.reshard(w, analysis, change.reshard_after_forward)
-        if change.merge_units is not None:  # before the prefetch: the units are read from their gathers' issuers
-            details["fsdp_units"] = fsdp.merge_units(w, analysis, change.merge_units)
         if change.forward_prefetch is not None:
             details["fsdp_prefetch"] = fsdp.forward_prefetch(w, analysis, change.forward_prefetch)
         if change.bandwidth_scale is not None:
@@ -302,7 +303,8 @@ def _phases(w: WhatIf) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
     masks over the graph's nodes, with the copies of a split bucket's all-reduce if any: the
     backward ops are autograd's functions on the CPU (on a GPU, the kernels they launch); the
     forward, DDP's ``DistributedDataParallel.forward`` (and the kernels it launches), or without
-    that marker the rank's ops of that kind before its first backward op."""
+    that marker the rank's ops of that kind before its first backward op but FSDP's (its hooks,
+    which gather and copy parameters: a recomputed forward finds them gathered)."""
     nodes = w.graph.nodes
     rank = nodes["rank"].to_numpy()
     kind = nodes["kind"].astype(str).to_numpy()
@@ -310,6 +312,8 @@ def _phases(w: WhatIf) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
     names = nodes["name"].astype(str)
     backward_cpu = names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy()
     model_cpu = (names == DDP_FORWARD_EVENT).to_numpy()
+    hooks = nodes["hooks"].astype(object).fillna("").astype(str) if "hooks" in nodes else pd.Series("", nodes.index)
+    fsdp = (names.str.startswith(FSDP_EVENT_PREFIX) | (hooks != "")).to_numpy()  # gathers' issue, wait and copies
     launches = w.edges[w.edges["kind"] == "launch"]
     src, dst = launches["src"].to_numpy(), launches["dst"].to_numpy()
     backward_gpu, model_gpu = np.zeros(len(nodes), bool), np.zeros(len(nodes), bool)
@@ -323,7 +327,7 @@ def _phases(w: WhatIf) -> list[tuple[int, str, np.ndarray, np.ndarray]]:
                 continue
             forward = mine & model
             if not forward.any():
-                forward = mine & ~backward & (start < start[mine & backward].min())
+                forward = mine & ~backward & ~fsdp & (start < start[mine & backward].min())
             found.append((int(r), op_kind, forward, mine & backward))
     if not found:
         raise DproError("the recorded step shows no backward pass")
@@ -459,6 +463,8 @@ DATA_PARALLEL_CHANGES = {"bucket_cap_mb": "--bucket-cap-mb", "first_bucket_mb": 
                          "fuse_ops": "--fuse-ops"}
 """Changes modelled on a data-parallel job only (DDP's buckets, hooks, no_sync and forward marker;
 the same job over more ranks)."""
+FSDP_TOO = ("recompute_forward",)
+"""Of those, the changes modelled on an FSDP2 job too (no pipeline, no tensor parallel)."""
 
 
 def _check_applies(analysis: RunAnalysis, change: Change) -> None:
@@ -472,7 +478,10 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
         raise DproError(f"{' and '.join(piped)} apply to pipeline-parallel jobs; this job is {parallelism.describe()}")
     if parallelism.data_parallel_only:
         return
-    asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)]
+    fsdp_only = bool(parallelism.fsdp) and parallelism.pipeline is None and not (
+        parallelism.mesh and len(parallelism.mesh["shape"]) > 1)
+    asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)
+             and not (fsdp_only and name in FSDP_TOO)]
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
                         "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, --forward-prefetch and "

@@ -1,5 +1,6 @@
 """Activation checkpointing: each block of the model's longest list of blocks (found in the
-parameters' names: ``blocks.0.``, ``blocks.1.``, ...) runs under ``checkpoint``, and the
+parameters' names: ``blocks.0.``, ``blocks.1.``, ...; on an FSDP2 job, in its units' module
+names: ``blocks.0``, ``blocks.1``, ...) runs under ``checkpoint``, and the
 backward pass recomputes their forward (:func:`dpro.analysis.whatif.predict`,
 ``recompute_forward``). It costs time and saves memory (:mod:`dpro.optimizer.memory`): it wins
 only under a memory budget. A change to the model's code: ``--apply`` cannot make it.
@@ -14,15 +15,15 @@ from dpro.analysis.run import RunAnalysis
 
 from dpro.optimizer.passes.base import Proposals
 
-__all__ = ["block_lists", "checkpointing"]
+__all__ = ["block_lists", "checkpointing", "job_block_lists", "unit_block_lists"]
 
 
 def checkpointing(analysis: RunAnalysis) -> Proposals:
     """Checkpointing of the longest list of at least two blocks."""
-    layout = analysis.ddp_layout
-    if not layout or "buckets" not in layout:
-        return Proposals(why="the job used no DistributedDataParallel (its parameters' names were not recorded)")
-    lists = block_lists(layout)
+    lists = job_block_lists(analysis.ddp_layout, analysis.parallelism.fsdp)
+    if lists is None:
+        return Proposals(why="the job used no DistributedDataParallel or FSDP2 (its parameters' names were not "
+                             "recorded)")
     longest = max(lists, key=lambda name: lists[name], default=None)  # the most blocks, then the most parameters
     if longest is None or lists[longest][0] < 2:
         return Proposals(why="the model has no list of two blocks or more to checkpoint")
@@ -46,3 +47,27 @@ def block_lists(layout: dict[str, Any]) -> dict[str, tuple[int, int]]:
                 numel[prefix] = numel.get(prefix, 0) + int(param.get("numel", 0))
     # blocks without parameters of their own (an activation between two layers) count too
     return {prefix: (max(found) + 1, numel[prefix]) for prefix, found in indices.items()}
+
+
+def job_block_lists(layout: dict[str, Any] | None, units: list[dict[str, Any]]) -> dict[str, tuple[int, int]] | None:
+    """The job's lists of blocks: from its DDP layout (:func:`block_lists`), else from its FSDP2
+    units (:func:`unit_block_lists`); None where it recorded neither."""
+    if layout and "buckets" in layout:
+        return block_lists(layout)
+    return unit_block_lists(units) if units else None
+
+
+def unit_block_lists(units: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """The lists of blocks FSDP2's units were made of (``blocks.3``, or ``blocks.2, blocks.3``
+    for a unit of two), each with its number of blocks (its highest index + 1) and its units'
+    unsharded bytes."""
+    indices: dict[str, set[int]] = {}
+    size: dict[str, int] = {}
+    for unit in units:
+        names = [n for n in str(unit.get("module") or "").split(", ") if n]
+        for name in names:
+            match = re.fullmatch(r"(.+?)\.(\d+)", name)
+            if match and not re.search(r"(?:^|\.)\d+(?:\.|$)", match.group(1)):
+                indices.setdefault(match.group(1), set()).add(int(match.group(2)))
+                size[match.group(1)] = size.get(match.group(1), 0) + int(unit.get("unsharded_bytes") or 0) // len(names)
+    return {prefix: (max(found) + 1, size[prefix]) for prefix, found in indices.items()}

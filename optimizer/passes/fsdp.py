@@ -7,9 +7,11 @@ other setting than the recorded one: the search weighs the step time the cost mo
 :mod:`dpro.optimizer.memory` estimates, so that ``--memory-budget`` picks resharding where
 keeping does not fit.
 
-Forward prefetch issues each unit's all-gather while the units before it run (where the gather
-is asynchronous: on a GPU, or with FSDP2's async unshard); the pass proposes 1 and 2 units ahead
-on a job recorded without it. Larger units (several blocks under one ``fully_shard``) make
+Forward prefetch issues each unit's all-gather while the units before it run: it pays where the
+gather is asynchronous (a GPU's streams, FSDP2's async unshard), which the what-if does not
+model yet (it refuses those jobs, and the search notes the strategies as not predicted); on
+gloo, where FSDP2 waits for each gather where it issues it, the prediction stays near no
+change. The pass proposes 1 and 2 units ahead on a job recorded without it. Larger units (several blocks under one ``fully_shard``) make
 fewer, larger collectives: the pass proposes 2 and 4 units as one, a code change.
 """
 
