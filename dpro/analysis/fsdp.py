@@ -8,7 +8,8 @@ issued in (``FSDP::all_gather (unit)``; its reduce-scatter, the op's post-backwa
 
 - ``reshard_after_forward`` off: the all-gathers a rank issues after its first backward op send
   nothing; on: each unit's forward all-gather is copied, issued where its backward prefetch runs
-  and needed by the op that runs its pre-backward hook.
+  and needed by the op that runs its pre-backward hook (on gloo, by the op after the one that
+  issued it: FSDP2 waits for it there).
 - ``forward prefetch K`` (FSDP2's ``set_modules_to_forward_prefetch``, each unit the next K):
   each unit's forward all-gather is issued at the end of the pre-forward hook of the unit K
   before it (the first unit prefetches the first K). FSDP2 unshards with ``async_op=False``
@@ -80,9 +81,7 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
     after, waiter = _next_on_queue(w), {}
     for unit, gather, by_rank in units:
         waiter[unit] = _waited_by(w, gather)
-        synchronous = set(waiter[unit]) == set(_done_by_rank(w, gather)) and all(
-            after.get(by_rank.get(r, -1)) == v and v in after for r, v in waiter[unit].items())
-        if not synchronous:
+        if not _synchronous(w, gather, by_rank, after):
             raise WhatIfError(f"unit {unit or 'root'!r}'s forward all-gather is not waited right after it is issued "
                               "(FSDP2's async unshard, or a GPU's streams): --forward-prefetch is not modelled for it")
     moved = 0
@@ -241,10 +240,13 @@ def _regather_in_backward(w: WhatIf) -> int:
     forward: a copy of the unit's forward all-gather, issued where its backward prefetch runs
     (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
     pass; without one, the op before the unit's own pre-backward hook) and needed by the op that
-    runs the unit's ``FSDP::pre_backward`` hook; how many were added."""
+    runs the unit's ``FSDP::pre_backward`` hook; where the unit's forward gather was waited right
+    after the op that issued it (FSDP2's unshard on gloo), the thread waits for the copy there
+    too, before the op after the one that issued it. How many were added."""
     where, gathers = _hook_nodes(w), _calls_by_unit(w)["forward"]
     added = 0
-    previous = {v: u for u, v in _next_on_queue(w).items()}
+    after = _next_on_queue(w)
+    previous = {v: u for u, v in after.items()}
     for (kind, unit), heads in list(where.items()):
         if kind != "forward":
             continue
@@ -256,9 +258,19 @@ def _regather_in_backward(w: WhatIf) -> int:
         issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}
         if any(v is None or v == users[r] for r, v in issuers.items()):
             continue
+        if _synchronous(w, gather, heads, after):
+            users = {r: after.get(v, users[r]) for r, v in issuers.items()}
         w.add_collective(*gather, issuers=issuers, users=users)
         added += 1
     return added
+
+
+def _synchronous(w: WhatIf, gather: Gather, issuers: dict[int, int], after: dict[int, int]) -> bool:
+    """Whether every rank waited for ``gather`` in the op right after the one that issued it
+    (``issuers``: rank -> op; ``after``: :func:`_next_on_queue`)."""
+    waiter = _waited_by(w, gather)
+    return set(waiter) == set(_done_by_rank(w, gather)) and all(
+        v in after and after.get(issuers.get(r, -1)) == v for r, v in waiter.items())
 
 
 def _next_on_queue(w: WhatIf) -> dict[int, int]:

@@ -20,7 +20,8 @@ __all__ = ["block_lists", "checkpointing", "job_block_lists", "unit_block_lists"
 
 def checkpointing(analysis: RunAnalysis) -> Proposals:
     """Checkpointing of the longest list of at least two blocks."""
-    lists = job_block_lists(analysis.ddp_layout, analysis.parallelism.fsdp)
+    layout = analysis.ddp_layout
+    lists = job_block_lists(layout, [] if layout and "buckets" in layout else analysis.parallelism.fsdp)
     if lists is None:
         return Proposals(why="the job used no DistributedDataParallel or FSDP2 (its parameters' names were not "
                              "recorded)")
