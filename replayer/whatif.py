@@ -364,8 +364,9 @@ class WhatIf:
         """Collective ``coll``'s ``occurrence`` not called: its sends take no time, its issue
         and its wait cost nothing (their lags, the worker's start and the caller's wake-up, are
         gone), and no rank waits for another's arrival at it (each rank's sends and end follow
-        its own arrival only). The ops that issued and awaited it keep their time (FSDP's copy
-        in and out of the gathered buffer)."""
+        its own arrival only), and it leaves its worker's queue (the ops before and after it
+        there follow one another: a call issued earlier need not wait behind it). The ops that
+        issued and awaited it keep their time (FSDP's copy in and out of the gathered buffer)."""
         c = self._collective(coll, occurrence)
         sends, done, arrivals, members = self._pieces(c)
         self._repeat[sends] = 0.0
@@ -379,8 +380,17 @@ class WhatIf:
         own_arrival = pd.DataFrame({"src": [own[int(rank[v])] for v in inner if int(rank[v]) in own],
                                     "dst": [int(v) for v in inner if int(rank[v]) in own], "lag_ns": 0.0,
                                     "kind": "arrive"})
-        kept = edges.assign(lag_ns=np.where(touched, 0.0, edges["lag_ns"].to_numpy(np.float64)))[~ties]
-        self.edges = pd.concat([kept, own_arrival], ignore_index=True)
+        # off its worker's queue: the op before it there is followed by the op after it
+        order = kind == "order"
+        into = order & np.isin(dst, arrivals) & ~np.isin(src, members)
+        out_of = order & np.isin(src, done) & ~np.isin(dst, members)
+        before = dict(zip(rank[dst[into]].tolist(), src[into].tolist()))
+        spliced = pd.DataFrame([{"src": before[int(rank[d])], "dst": int(q), "lag_ns": float(lag), "kind": "order"}
+                                for d, q, lag in zip(src[out_of], dst[out_of], edges["lag_ns"].to_numpy()[out_of])
+                                if int(rank[d]) in before], columns=edges.columns)
+        kept = edges.assign(lag_ns=np.where(touched, 0.0, edges["lag_ns"].to_numpy(np.float64)))[
+            ~(ties | into | out_of)]
+        self.edges = pd.concat([kept, own_arrival, spliced], ignore_index=True)
         self._retime_sends()
         self.durations[sends] = self._extra[sends]  # a send the link model does not time too
         self.dropped.add((coll, occurrence))

@@ -22,6 +22,7 @@ from .conftest import ROOT, TORCHRUN, assert_one_line_error, dpro
 
 PARALLEL = ROOT / "examples" / "train_parallel.py"
 SMALL = ["--steps", "10", "--layers", "2", "--d-model", "64", "--seq-len", "32"]
+DEEP = ["--layers", "4"]  # after SMALL: checkpointing 2 blocks keeps 2 blocks' activations, nothing saved
 
 
 def _record(tmp_path_factory, form: str, ranks: int, *extra: str) -> Path:
@@ -40,6 +41,12 @@ def tp_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pp_run(tmp_path_factory) -> Path:
     return _record(tmp_path_factory, "pp", 2, "--microbatches", "4")
+
+
+@pytest.fixture(scope="module")
+def deep_fsdp_run(tmp_path_factory) -> Path:
+    """FSDP2 over 4 blocks, resharded after forward (FSDP2's default)."""
+    return _record(tmp_path_factory, "fsdp", 2, *DEEP)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +156,7 @@ def test_resharding_after_forward_is_predicted_and_fits_the_memory_budget_it_was
     assert measured_peak <= budget_gb * 1e9, (measured_peak, budget_gb)
 
 
-def test_forward_prefetch_is_predicted_where_fsdp_issues_it_and_apply_sets_it(fsdp_run: Path, tmp_path: Path) -> None:
+def test_forward_prefetch_is_predicted_where_fsdp_issues_it(fsdp_run: Path) -> None:
     from dpro.analysis.whatif import Change, CostModel
     from dpro.optimizer.passes import fsdp_prefetch
 
@@ -175,20 +182,8 @@ def test_forward_prefetch_is_predicted_where_fsdp_issues_it_and_apply_sets_it(fs
         after = int(order.loc[order["src"] == tail, "dst"].iat[0])
         assert waits.loc[waits["dst"] == after, "src"].isin(gather_ends).any(), f"rank {rank}"
 
-    strategy = tmp_path / "strategy.json"
-    strategy.write_text(json.dumps({"settings": {"fsdp_forward_prefetch": 1}}))
-    applied = tmp_path / "applied"
-    ran = dpro("record", "--apply", strategy, "-o", applied, "--skip", "3", "--warmup", "1", "--steps", "2",
-               "--no-calibrate", "--", *TORCHRUN, "--nproc-per-node=2", PARALLEL, "--form", "fsdp", *SMALL,
-               "--no-reshard", timeout=400)
-    assert ran.returncode == 0, ran.stderr
-    units = RunAnalysis.open(applied).parallelism.fsdp
-    assert [(u["module"], u["forward_prefetch"]) for u in units] == [("", ["blocks.0"]), ("blocks.0", ["blocks.1"]),
-                                                                      ("blocks.1", None)]
-    assert_one_line_error(dpro("whatif", applied, "--forward-prefetch", "2"), "FSDP2's default", "prefetch 1 ahead")
 
-
-def test_merged_units_send_what_the_grouped_job_sends(fsdp_run: Path, tmp_path_factory) -> None:
+def test_merged_units_send_what_the_grouped_job_sends_and_apply_prefetches_it(fsdp_run: Path, tmp_path_factory) -> None:
     from dpro.analysis.whatif import Change, CostModel
     from dpro.optimizer.passes import fsdp_units
 
@@ -207,6 +202,7 @@ def test_merged_units_send_what_the_grouped_job_sends(fsdp_run: Path, tmp_path_f
     analysis = RunAnalysis.open(grouped)
     assert [(u["module"], u["forward_prefetch"]) for u in analysis.parallelism.fsdp] == [
         ("", ["blocks.0, blocks.1"]), ("blocks.0, blocks.1", None)], "fully_shard([a, b]): one unit, prefetched"
+    assert_one_line_error(dpro("whatif", grouped, "--forward-prefetch", "2"), "FSDP2's default", "prefetch 1 ahead")
     recorded = analysis.graph.collectives
     assert len(recorded) == len(RunAnalysis.open(fsdp_run).graph.collectives) - merged["calls_dropped"]
     sizes = set(recorded["bytes"])
@@ -238,33 +234,33 @@ def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_u
         "kept gathered, every unit is gathered by the forward's end anyway"
 
 
-def test_checkpointing_an_fsdp_job_s_blocks_is_planned_from_its_units(tmp_path_factory) -> None:
+def test_checkpointing_an_fsdp_job_s_blocks_is_planned_from_its_units(deep_fsdp_run: Path, tmp_path_factory) -> None:
     from dpro.analysis.memory import rank_memory
     from dpro.analysis.whatif import Change, predict
     from dpro.optimizer.memory import strategy_memory_bytes
     from dpro.optimizer.passes import checkpointing
 
-    deeper = ["--layers", "4", "--no-reshard"]  # SMALL's 2 blocks: checkpointing keeps 2 of 2 blocks' activations
-    analysis = RunAnalysis.open(_record(tmp_path_factory, "fsdp", 2, *deeper))
+    analysis = RunAnalysis.open(deep_fsdp_run)
     settings = {"activation_checkpointing": "blocks"}
     assert checkpointing(analysis).settings == [settings], "the blocks found in the FSDP units' names"
     predicted = predict(analysis, Change(recompute_forward=True))
     assert predicted["replayed_step_ms"] < predicted["unanchored_step_ms"], "the backward pass runs the forward again"
     estimate = strategy_memory_bytes(settings, rank_memory(analysis), analysis.ddp_layout, analysis.parallelism)
-    checkpointed = RunAnalysis.open(_record(tmp_path_factory, "fsdp", 2, *deeper, "--checkpoint"))
+    checkpointed = RunAnalysis.open(_record(tmp_path_factory, "fsdp", 2, *DEEP, "--checkpoint"))
     measured = max(m.peak_bytes for m in rank_memory(checkpointed).values())
     recorded = max(m.peak_bytes for m in rank_memory(analysis).values())
     assert measured < recorded and estimate == pytest.approx(measured, rel=0.15), (estimate, measured, recorded)
 
 
-def test_fsdp_changes_compose_on_a_resharded_job(tmp_path_factory) -> None:
+def test_fsdp_changes_compose_on_a_resharded_job(deep_fsdp_run: Path) -> None:
     from dpro.analysis.whatif import Change, CostModel
 
-    model = CostModel(RunAnalysis.open(_record(tmp_path_factory, "fsdp", 2)))  # resharded after forward
+    model = CostModel(RunAnalysis.open(deep_fsdp_run))
     merged = model.predict(Change(merge_units=2))
     units = merged.summary["fsdp_units"]
-    assert sorted(c["kind"] for c in units["resized"]) == ["forward", "reduce", "regather"], units
-    assert units["calls_dropped"] == 3, "blocks.1's forward gather, its gather before backward, its reduce"
+    assert sorted(c["kind"] for c in units["resized"]) == ["forward", "forward", "reduce", "reduce", "regather",
+                                                           "regather"], units
+    assert units["calls_dropped"] == 2 * 3, "per group, its second block's forward gather, gather before backward, reduce"
     regather = next(c["collective"] for c in units["resized"] if c["kind"] == "regather")
     coll, occurrence = regather.split("#")
 
@@ -277,7 +273,7 @@ def test_fsdp_changes_compose_on_a_resharded_job(tmp_path_factory) -> None:
     kept = model.predict(Change(merge_units=2, reshard_after_forward=False))
     assert regather_ns(kept) < regather_ns(merged) / 2, "kept gathered, the group's gather before backward sends nothing"
     both = model.predict(Change(merge_units=2, forward_prefetch=1)).summary
-    assert both["fsdp_prefetch"]["moved_all_gathers"] == 1, "the group's gather, by the root: a unit, not a block"
+    assert both["fsdp_prefetch"]["moved_all_gathers"] == 2, "the groups' gathers, by the root and the first group"
 
 
 def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
