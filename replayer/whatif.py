@@ -385,9 +385,11 @@ class WhatIf:
         into = order & np.isin(dst, arrivals) & ~np.isin(src, members)
         out_of = order & np.isin(src, done) & ~np.isin(dst, members)
         before = dict(zip(rank[dst[into]].tolist(), src[into].tolist()))
-        spliced = pd.DataFrame([{"src": before[int(rank[d])], "dst": int(q), "lag_ns": float(lag), "kind": "order"}
-                                for d, q, lag in zip(src[out_of], dst[out_of], edges["lag_ns"].to_numpy()[out_of])
-                                if int(rank[d]) in before], columns=edges.columns)
+        pairs = [(before[int(rank[d])], int(q), float(lag)) for d, q, lag in
+                 zip(src[out_of], dst[out_of], edges["lag_ns"].to_numpy()[out_of]) if int(rank[d]) in before]
+        spliced = pd.DataFrame({"src": np.array([p for p, _, _ in pairs], np.int64),
+                                "dst": np.array([q for _, q, _ in pairs], np.int64),
+                                "lag_ns": np.array([lag for _, _, lag in pairs], np.float64), "kind": "order"})
         kept = edges.assign(lag_ns=np.where(touched, 0.0, edges["lag_ns"].to_numpy(np.float64)))[
             ~(ties | into | out_of)]
         self.edges = pd.concat([kept, own_arrival, spliced], ignore_index=True)
