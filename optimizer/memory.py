@@ -86,8 +86,7 @@ def _reshard_bytes(settings: dict[str, Any], parallelism: Parallelism | None) ->
     recorded = parallelism.fsdp_reshard if parallelism else None  # None: no unit holds parameters
     if reshard is None or recorded is None or reshard == recorded:
         return 0
-    # a unit of no parameters of its own gathers nothing
-    gathered = [int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")]
+    gathered = _gathered_bytes(parallelism, root=True)  # a unit of no parameters of its own gathers nothing
     kept = max(0, sum(gathered) - 2 * max(gathered))
     return -kept if reshard else kept
 
@@ -95,24 +94,31 @@ def _reshard_bytes(settings: dict[str, Any], parallelism: Parallelism | None) ->
 def _prefetch_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
     """What a forward prefetch of ``K`` units adds to a rank's peak, against none."""
     depth = settings.get("fsdp_forward_prefetch")
-    reshard = settings.get("reshard_after_forward")
-    if parallelism is None or not depth or not (parallelism.fsdp_reshard if reshard is None else reshard):
+    if not depth or not _reshards(settings, parallelism):
         return 0
-    gathered = sorted((int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp if u.get("parameters")),
-                      reverse=True)
-    largest = sum(gathered[:settings.get("fsdp_merge_units") or 1])  # a group's, with units merged
+    largest = sum(_gathered_bytes(parallelism, root=True)[:settings.get("fsdp_merge_units") or 1])  # a group's
     return max(0, depth - 1) * largest
 
 
 def _merge_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
     """What wrapping ``G`` units as one adds to a rank's peak."""
     size = settings.get("fsdp_merge_units")
-    reshard = settings.get("reshard_after_forward")
-    if parallelism is None or not size or not (parallelism.fsdp_reshard if reshard is None else reshard):
+    if not size or not _reshards(settings, parallelism):
         return 0
-    gathered = sorted((int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp
-                       if u.get("parameters") and not u.get("root")), reverse=True)
+    gathered = _gathered_bytes(parallelism, root=False)
     return 2 * (sum(gathered[:size]) - gathered[0]) if gathered else 0
+
+
+def _reshards(settings: dict[str, Any], parallelism: Parallelism | None) -> bool:
+    """Whether the FSDP units reshard after forward under ``settings`` (else as recorded)."""
+    reshard = settings.get("reshard_after_forward")
+    return parallelism is not None and bool(parallelism.fsdp_reshard if reshard is None else reshard)
+
+
+def _gathered_bytes(parallelism: Parallelism, root: bool) -> list[int]:
+    """The unsharded bytes of the units that hold parameters (the root's too if ``root``), largest first."""
+    return sorted((int(u.get("unsharded_bytes") or 0) for u in parallelism.fsdp
+                   if u.get("parameters") and (root or not u.get("root"))), reverse=True)
 
 
 def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any],

@@ -75,13 +75,13 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
                           f"units prefetch {recorded} ahead")
     if depth == 0:
         return {"forward_prefetch": 0, "moved_all_gathers": 0, "note": "as recorded"}
-    units = _forward_gathers(w)
+    units = _forward_gathers(w, _calls_by_unit(w)["forward"])
     if len(units) < 2:
         raise WhatIfError("no two FSDP units' forward all-gathers were found in this run's graph")
     after, waiter = _next_on_queue(w), {}
     for unit, gather, by_rank in units:
         waiter[unit] = _waited_by(w, gather)
-        if not _synchronous(w, gather, by_rank, after):
+        if not _synchronous(w, gather, waiter[unit], by_rank, after):
             raise WhatIfError(f"unit {unit or 'root'!r}'s forward all-gather is not waited right after it is issued "
                               "(FSDP2's async unshard, or a GPU's streams): --forward-prefetch is not modelled for it")
     moved = 0
@@ -108,12 +108,11 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
     gathered buffer stay where they were (in FSDP they are the group's, taking as long for the
     same bytes)."""
     _shard_group(analysis, "--merge-units")
-    forward = [(unit, gather) for unit, gather, _ in _forward_gathers(w) if unit]  # the root apart
-    if len(forward) < 2:
-        raise WhatIfError("--merge-units needs two or more FSDP units besides the root; this job has "
-                          f"{len(forward)}")
-    order = [unit for unit, _ in forward]
     by_unit = _calls_by_unit(w)
+    order = [unit for unit, _, _ in _forward_gathers(w, by_unit["forward"]) if unit]  # the root apart
+    if len(order) < 2:
+        raise WhatIfError("--merge-units needs two or more FSDP units besides the root; this job has "
+                          f"{len(order)}")
     groups = [order[i:i + size] for i in range(0, len(order), size)]
     dropped: list[str] = []
     resized: list[dict[str, Any]] = []
@@ -138,10 +137,11 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
             "dropped": dropped, "resized": resized}
 
 
-def _forward_gathers(w: WhatIf) -> list[tuple[str, Gather, dict[int, int]]]:
-    """Each unit's forward all-gather still called, in forward order: ``(unit, gather, rank ->
-    the first op that ran its pre-forward hook)``; the root unit is ``""``."""
-    where, gathers = _hook_nodes(w), _calls_by_unit(w)["forward"]
+def _forward_gathers(w: WhatIf, gathers: dict[str, Gather]) -> list[tuple[str, Gather, dict[int, int]]]:
+    """Each unit's forward all-gather still called (``gathers``: unit -> its forward all-gather,
+    :func:`_calls_by_unit`), in forward order: ``(unit, gather, rank -> the first op that ran its
+    pre-forward hook)``; the root unit is ``""``."""
+    where = _hook_nodes(w)
     offsets = w.graph.nodes["offset_ns"].to_numpy()
     heads = sorted((min(offsets[list(by_rank.values())]), unit, by_rank)
                    for (kind, unit), by_rank in where.items() if kind == "forward")
@@ -174,7 +174,7 @@ def _calls_by_unit(w: WhatIf) -> dict[str, dict[str, Gather]]:
         names = [n for n in hooks.iat[op].split(";") if n]
         calls.sort()
         gathered = [m.group(1) or "" for n in names if (m := GATHER.fullmatch(n))]
-        reduced = [_unit_of([n], REDUCE) or "" for n in names if n.startswith(REDUCE)]
+        reduced = [_unit_of(n, REDUCE) for n in names if n.startswith(REDUCE)]
         kind = "forward" if any(n.startswith("FSDP::pre_forward") for n in names) else "regather"
         for is_gather, units in ((True, gathered), (False, reduced)):
             mine = [c for _, g, c in calls if g == is_gather]
@@ -208,18 +208,15 @@ def _hook_nodes(w: WhatIf) -> dict[tuple[str, str], dict[int, int]]:
     for v in np.argsort(nodes["offset_ns"].to_numpy(), kind="stable"):
         for hook in hooks.iat[v]:
             for prefix, kind in HOOKS:
-                unit = _unit_of([hook], prefix)
+                unit = _unit_of(hook, prefix)
                 if unit is not None:
                     where.setdefault((kind, unit), {}).setdefault(int(rank[v]), int(v))
     return where
 
 
-def _unit_of(hooks: list[str], prefix: str) -> str | None:
-    """The unit of the first of ``hooks`` that starts with ``prefix`` (the root: ``""``), or None."""
-    for hook in hooks:
-        if hook.startswith(prefix):
-            return hook[len(prefix):].strip().strip("()")
-    return None
+def _unit_of(hook: str, prefix: str) -> str | None:
+    """The unit ``hook`` names if it starts with ``prefix`` (the root: ``""``), else None."""
+    return hook[len(prefix):].strip().strip("()") if hook.startswith(prefix) else None
 
 
 def _done_by_rank(w: WhatIf, gather: Gather) -> dict[int, int]:
@@ -258,17 +255,17 @@ def _regather_in_backward(w: WhatIf) -> int:
         issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}
         if any(v is None or v == users[r] for r, v in issuers.items()):
             continue
-        if _synchronous(w, gather, heads, after):
+        if _synchronous(w, gather, _waited_by(w, gather), heads, after):
             users = {r: after.get(v, users[r]) for r, v in issuers.items()}
         w.add_collective(*gather, issuers=issuers, users=users)
         added += 1
     return added
 
 
-def _synchronous(w: WhatIf, gather: Gather, issuers: dict[int, int], after: dict[int, int]) -> bool:
-    """Whether every rank waited for ``gather`` in the op right after the one that issued it
-    (``issuers``: rank -> op; ``after``: :func:`_next_on_queue`)."""
-    waiter = _waited_by(w, gather)
+def _synchronous(w: WhatIf, gather: Gather, waiter: dict[int, int], issuers: dict[int, int],
+                 after: dict[int, int]) -> bool:
+    """Whether every rank waited for ``gather`` (``waiter``: :func:`_waited_by`) in the op right
+    after the one that issued it (``issuers``: rank -> op; ``after``: :func:`_next_on_queue`)."""
     return set(waiter) == set(_done_by_rank(w, gather)) and all(
         v in after and after.get(issuers.get(r, -1)) == v for r, v in waiter.items())
 

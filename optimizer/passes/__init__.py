@@ -21,6 +21,6 @@ PASSES = {"tensor_fusion": tensor_fusion, "first_bucket": first_bucket, "compres
           "fsdp_reshard": fsdp_reshard, "fsdp_prefetch": fsdp_prefetch,
           "fsdp_units": fsdp_units, "pipeline_schedule": pipeline_schedule}
 
-__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "first_bucket", "fsdp_prefetch", "fsdp_reshard", "fsdp_units", "gradient_accumulation",
-           "memory",
-           "operator_fusion", "pipeline_schedule", "static_graph", "tensor_fusion"]
+__all__ = ["PASSES", "Proposals", "checkpointing", "compression", "first_bucket", "fsdp_prefetch", "fsdp_reshard",
+           "fsdp_units", "gradient_accumulation", "memory", "operator_fusion", "pipeline_schedule", "static_graph",
+           "tensor_fusion"]

@@ -17,6 +17,8 @@ from dpro.optimizer.passes.base import Proposals
 
 __all__ = ["block_lists", "checkpointing", "job_block_lists", "unit_block_lists"]
 
+INDEXED = re.compile(r"(?:^|\.)\d+(?:\.|$)")  # a name inside a list's block: its list is not outermost
+
 
 def checkpointing(analysis: RunAnalysis) -> Proposals:
     """Checkpointing of the longest list of at least two blocks."""
@@ -42,7 +44,7 @@ def block_lists(layout: dict[str, Any]) -> dict[str, tuple[int, int]]:
         for param in bucket["params"]:
             name = str(param["name"])
             match = re.search(r"\.(\d+)\.", name)
-            if match and not re.search(r"(?:^|\.)\d+(?:\.|$)", name[:match.start()]):
+            if match and not INDEXED.search(name[:match.start()]):
                 prefix = name[:match.start()]
                 indices.setdefault(prefix, set()).add(int(match.group(1)))
                 numel[prefix] = numel.get(prefix, 0) + int(param.get("numel", 0))
@@ -68,7 +70,7 @@ def unit_block_lists(units: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
         names = [n for n in str(unit.get("module") or "").split(", ") if n]
         for name in names:
             match = re.fullmatch(r"(.+?)\.(\d+)", name)
-            if match and not re.search(r"(?:^|\.)\d+(?:\.|$)", match.group(1)):
+            if match and not INDEXED.search(match.group(1)):
                 indices.setdefault(match.group(1), set()).add(int(match.group(2)))
                 size[match.group(1)] = size.get(match.group(1), 0) + int(unit.get("unsharded_bytes") or 0) // len(names)
     return {prefix: (max(found) + 1, size[prefix]) for prefix, found in indices.items()}

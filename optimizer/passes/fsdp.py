@@ -11,8 +11,9 @@ Forward prefetch issues each unit's all-gather while the units before it run: it
 gather is asynchronous (a GPU's streams, FSDP2's async unshard), which the what-if does not
 model yet (it refuses those jobs, and the search notes the strategies as not predicted); on
 gloo, where FSDP2 waits for each gather where it issues it, the prediction stays near no
-change. The pass proposes 1 and 2 units ahead on a job recorded without it. Larger units (several blocks under one ``fully_shard``) make
-fewer, larger collectives: the pass proposes 2 and 4 units as one, a code change.
+change. The pass proposes 1 and 2 units ahead on a job recorded without it. Larger units
+(several blocks under one ``fully_shard``) make fewer, larger collectives: the pass proposes 2
+and 4 units as one, a code change.
 """
 
 from __future__ import annotations
