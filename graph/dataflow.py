@@ -217,7 +217,7 @@ def _nested_lags_rescaled(edges: pd.DataFrame, recorded_ns: np.ndarray, compensa
     """Edges whose nested calls end at the same share of their op's compensated duration as of
     its recorded one (a lag kept whole would start a call early in a long op before the op)."""
     nested = edges["kind"].isin(NESTED_CALL_EDGES).to_numpy()
-    src = edges["src"].to_numpy()
+    src = edges["src"].to_numpy(np.int64)
     ratio = np.divide(compensated_ns, recorded_ns, out=np.ones_like(recorded_ns), where=recorded_ns > 0)
     lag = edges["lag_ns"].to_numpy(np.float64)
     return edges.assign(lag_ns=np.where(nested, np.round(lag * ratio[src]), lag).astype(np.int64))
