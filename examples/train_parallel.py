@@ -10,7 +10,8 @@ Runs with gloo on CPU and with NCCL on GPUs, under torchrun::
 - ``fsdp``: every block and then the whole model under ``fully_shard`` (one FSDP unit per
   block, one for the rest); ``--no-reshard`` keeps the parameters gathered after the forward,
   ``--blocks-per-unit G`` wraps every ``G`` blocks as one unit (``fully_shard([...])``),
-  ``--checkpoint`` runs every block under activation checkpointing.
+  ``--checkpoint`` runs every block under activation checkpointing, ``--replicate R`` shards
+  over ``world/R`` ranks and replicates over ``R`` (HSDP: an ``R × world/R`` mesh).
 - ``tp``: a ``(dp, tp)`` device mesh; each block's attention projections and MLP split column-
   then row-wise over ``tp`` with ``parallelize_module``, the gradients averaged over ``dp`` by
   an all-reduce per parameter after the backward.
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
     p.add_argument("--blocks-per-unit", type=int, default=1, help="fsdp: consecutive blocks wrapped as one unit")
     p.add_argument("--checkpoint", action="store_true", help="fsdp: every block under activation checkpointing")
+    p.add_argument("--replicate", type=int, default=1, metavar="R",
+                   help="fsdp: sharded over world/R ranks, replicated over R (HSDP)")
     p.add_argument("--tp", type=int, default=2, help="tp: the tensor-parallel degree (the mesh is world/tp × tp)")
     p.add_argument("--microbatches", type=int, default=int(os.environ.get("PP_MICROBATCHES", 4)))
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default=os.environ.get("PP_SCHEDULE", "gpipe"))
@@ -131,6 +134,7 @@ class TPGPT(nn.Module):
 def build_fsdp(args: argparse.Namespace, device: torch.device):
     from torch.distributed.fsdp import fully_shard
 
+    mesh = fsdp_mesh(device, args.replicate)
     model = TinyGPT(args.vocab, args.seq_len, args.d_model, args.layers, args.heads).to(device)
     if args.checkpoint:  # each block's activations recomputed in the backward pass
         for block in model.blocks:
@@ -138,8 +142,8 @@ def build_fsdp(args: argparse.Namespace, device: torch.device):
     blocks, size = list(model.blocks), args.blocks_per_unit
     for i in range(0, len(blocks), size):  # fully_shard of a list: one unit for them all
         unit = blocks[i:i + size]
-        fully_shard(unit[0] if size == 1 else unit, reshard_after_forward=not args.no_reshard)
-    fully_shard(model, reshard_after_forward=not args.no_reshard)
+        fully_shard(unit[0] if size == 1 else unit, mesh=mesh, reshard_after_forward=not args.no_reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=not args.no_reshard)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     def step(batch: torch.Tensor) -> torch.Tensor:
@@ -148,6 +152,18 @@ def build_fsdp(args: argparse.Namespace, device: torch.device):
         return loss
 
     return model, optimizer, step
+
+
+def fsdp_mesh(device: torch.device, replicate: int):
+    """FSDP2's mesh: ``(replicate, shard)`` for HSDP, else None (FSDP2's own, over every rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if replicate < 1 or world % replicate:
+        raise SystemExit(f"--replicate {replicate} does not divide the world size {world}")
+    if replicate == 1:
+        return None
+    return init_device_mesh(device.type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
 
 
 def build_tp(args: argparse.Namespace, device: torch.device):

@@ -18,7 +18,8 @@ step's time there, so that a run is measured without any profiler or hook.
 
 ``--form fsdp``: each layer and then the model under FSDP2's ``fully_shard`` (``--no-reshard``:
 ``reshard_after_forward=False``; ``--forward-prefetch K``: each unit, the model first, prefetches
-the next ``K`` units in its forward pass; ``--layers-per-unit G``: every ``G`` layers one unit) instead of DDP. ``--form pp``: the layers split into one stage
+the next ``K`` units in its forward pass; ``--layers-per-unit G``: every ``G`` layers one unit;
+``--replicate R``: sharded over ``world/R`` ranks, replicated over ``R``, HSDP) instead of DDP. ``--form pp``: the layers split into one stage
 per rank (as evenly as their held times allow), the batch in ``--microbatches`` micro-batches
 under ``--schedule gpipe|1f1b``; the last stage's loss is the output's sum.
 """
@@ -112,16 +113,23 @@ def register_comm_hook(ddp: DistributedDataParallel, name: str) -> None:
         raise SystemExit(f"--comm-hook: {name!r} is not fp16 or powersgd:RANK")
 
 
-def build_fsdp(model: nn.Sequential, reshard: bool, prefetch: int = 0, per_unit: int = 1) -> nn.Module:
+def build_fsdp(model: nn.Sequential, reshard: bool, prefetch: int = 0, per_unit: int = 1,
+               replicate: int = 1) -> nn.Module:
     """Every ``per_unit`` layers a unit, then the model; with ``prefetch``, each unit (the model
-    first) prefetches the next ``prefetch`` units in its forward pass."""
+    first) prefetches the next ``prefetch`` units in its forward pass; ``replicate > 1``: the
+    units sharded over ``world / replicate`` consecutive ranks and replicated over the rest (HSDP)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    mesh = (init_device_mesh("cpu", (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
+            if replicate > 1 else None)
 
     layers = list(model)
     groups = [layers[i:i + per_unit] for i in range(0, len(layers), per_unit)]
     for group in groups:
-        fully_shard(group[0] if len(group) == 1 else group, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(group[0] if len(group) == 1 else group, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     if prefetch:
         units = [model, *(group[0] for group in groups)]
         for i, unit in enumerate(units):
@@ -166,6 +174,7 @@ def main() -> None:
     p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
     p.add_argument("--forward-prefetch", type=int, default=0, metavar="K", help="fsdp: each unit prefetches the next K")
     p.add_argument("--layers-per-unit", type=int, default=1, metavar="G", help="fsdp: every G layers one unit")
+    p.add_argument("--replicate", type=int, default=1, metavar="R", help="fsdp: replicated over R, HSDP")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
     args = p.parse_args()
@@ -212,7 +221,8 @@ def run_parallel(args: argparse.Namespace, spec: dict, model: nn.Sequential) -> 
     rank = dist.get_rank()
     batch = torch.randn(spec["batch"], WIDTH)
     if args.form == "fsdp":
-        module = build_fsdp(model, not args.no_reshard, args.forward_prefetch, args.layers_per_unit)
+        module = build_fsdp(model, not args.no_reshard, args.forward_prefetch, args.layers_per_unit,
+                            args.replicate)
 
         def step() -> None:
             module(batch).sum().backward()

@@ -46,6 +46,7 @@ class Config:
     job: JobSpec
     rate_mbit: int
     hosts: int = 2
+    ranks_per_host: int = 1
     bucket_cap_mb: float = 25.0
     first_bucket_mb: float | None = None
     comm_hook: str | None = None
@@ -56,6 +57,7 @@ class Config:
     reshard: bool = True  # fsdp: reshard_after_forward
     forward_prefetch: int = 0  # fsdp: units each prefetches in its forward pass
     layers_per_unit: int = 1  # fsdp: layers under one fully_shard
+    replicate: int = 1  # fsdp: replicas of each shard (HSDP's mesh: replicate × ranks / replicate)
     microbatches: int = 4  # pp
     schedule: str = "gpipe"  # pp: gpipe | 1f1b
 
@@ -65,7 +67,8 @@ class Config:
             if self.form == "fsdp":
                 return (out + ([] if self.reshard else ["--no-reshard"])
                         + (["--forward-prefetch", str(self.forward_prefetch)] if self.forward_prefetch else [])
-                        + (["--layers-per-unit", str(self.layers_per_unit)] if self.layers_per_unit > 1 else []))
+                        + (["--layers-per-unit", str(self.layers_per_unit)] if self.layers_per_unit > 1 else [])
+                        + (["--replicate", str(self.replicate)] if self.replicate > 1 else []))
             return out + ["--microbatches", str(self.microbatches), "--schedule", self.schedule]
         out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
         if self.first_bucket_mb is not None:
@@ -150,7 +153,8 @@ class Testbed:
                 ends = [int(line) for line in Path(f"{times}.0").read_text().split()]
                 return statistics.median(b - a for a, b in zip(ends[SKIP_STEPS:], ends[SKIP_STEPS + 1:])) / 1e6
             self._run(config, "measuring", lambda c: torchrun_across_hosts(
-                c, [*config.argv(MEASURE_STEPS), "--step-times", times], timeout=600))
+                c, [*config.argv(MEASURE_STEPS), "--step-times", times], timeout=600,
+                nproc_per_node=getattr(config, "ranks_per_host", 1)))
             if not isinstance(config, Config):  # the example's job: each rank's step ends, in PATH.<rank>
                 ends = [int(line) for line in Path(f"{times}.0").read_text().split()]
                 return statistics.median(b - a for a, b in zip(ends[SKIP_STEPS:], ends[SKIP_STEPS + 1:])) / 1e6
@@ -165,7 +169,7 @@ class Testbed:
             if run_dir.exists():  # a failed attempt's partial run
                 subprocess.run(["rm", "-rf", str(run_dir)], check=True)
             return record_across_hosts(cluster, run_dir, config.argv(RECORD_STEPS), record_args=RECORD_WINDOW,
-                                       timeout=600)
+                                       nproc_per_node=config.ranks_per_host, timeout=600)
 
         self._run(config, "recording", start)
         return run_dir
