@@ -177,24 +177,39 @@ class WhatIf:
         step sends its share of the bytes; there are as many steps as the algorithm takes), over
         links of class ``link_class_``. The recorded ranks stand for the new ones (data
         parallel: every rank does the same work)."""
-        nodes = self.graph.nodes
         for c in self.graph.collectives.itertuples():
-            recorded, scaled = schedule(c.coll, len(c.ranks)), schedule(c.coll, world_size)
-            if not len(recorded) or not len(c.sends):
-                continue
-            sends = np.asarray(c.sends, np.int64)
-            steps = scaled.steps / recorded.steps
-            if sends[0] in self._model_of:
-                key = (c.coll, link_class_)
-                if key not in self.model:
-                    raise WhatIfError(f"no measurement of {c.coll} over {link_class_}-host links in this run")
-                self._model_of.update({int(v): key for v in sends})
-                share = (scaled.fraction.mean() if len(scaled.fraction) else 0.0) / recorded.fraction.mean()
-                self._bytes[sends] *= share
-                self._repeat[sends] = steps
-            else:  # unsized: only its number of steps changes
-                self.durations[sends] = nodes["dur_ns"].to_numpy(np.float64)[sends] * steps
+            self._regroup(self._collective(c.coll, c.occurrence), world_size, link_class_, None)
         return self._retime_sends()
+
+    def regroup(self, coll: str, occurrence: int, group_size: int, link_class_: str,
+                bandwidth: float | None = None) -> "WhatIf":
+        """Collective ``coll``'s ``occurrence`` over ``group_size`` ranks, as its algorithm runs
+        there (:meth:`set_world_size`, for one collective), over links of class ``link_class_``.
+        Where the run measured no such collective over that class, ``bandwidth`` (the class's
+        rate over the recorded one's) re-times it on its recorded class's model; an error if
+        not given. Its recorded ranks stand for the new group's, and still wait for one another."""
+        self._regroup(self._collective(coll, occurrence), group_size, link_class_, bandwidth)
+        return self._retime_sends()
+
+    def _regroup(self, c: pd.Series, group_size: int, link_class_: str, bandwidth: float | None) -> None:
+        recorded, scaled = schedule(c["coll"], len(c["ranks"])), schedule(c["coll"], group_size)
+        sends = np.asarray(c["sends"], np.int64)
+        if not len(recorded) or not len(sends):
+            return
+        steps = scaled.steps / recorded.steps
+        if int(sends[0]) not in self._model_of:  # unsized: only its number of steps changes
+            self.durations[sends] = self.graph.nodes["dur_ns"].to_numpy(np.float64)[sends] * steps
+            return
+        key = (c["coll"], link_class_)
+        if key in self.model:
+            self._model_of.update({int(v): key for v in sends})
+        elif bandwidth is not None:
+            self._bandwidth[sends] = bandwidth
+        else:
+            raise WhatIfError(f"no measurement of {c['coll']} over {link_class_}-host links in this run")
+        share = (scaled.fraction.mean() if len(scaled.fraction) else 0.0) / recorded.fraction.mean()
+        self._bytes[sends] *= share
+        self._repeat[sends] = steps
 
     def fuse_buckets(self, groups: list[list[int]]) -> "WhatIf":
         """Fuse DDP's all-reduces: each group of occurrences (in order of issue) becomes one
