@@ -17,6 +17,16 @@ issued in (``FSDP::all_gather (unit)``; its reduce-scatter, the op's post-backwa
   gathers a unit prefetches run one after the other, and the unit's own ops wait for them.
 - ``merge units G``: every ``G`` consecutive units but the root as one (``fully_shard([...])``):
   one call of each kind for the group, of the group's bytes; the other units' calls not made.
+- ``mesh R×S`` (FSDP2 over a ``(replicate, shard)`` device mesh of the same ranks: HSDP, or
+  ``1×N`` sharded over all): each unit's all-gathers and reduce-scatter over the ``S``
+  consecutive ranks of a shard group, of the same unsharded bytes; after each reduce-scatter,
+  the all-reduce of its ``1/S`` shard over the ``R`` ranks holding the same shard (added where
+  the job had none, on gloo: FSDP2 waits for it there, in the unit's post-backward reduce;
+  dropped where the new mesh has one replica). Each call over the links its new group crosses:
+  where the run measured none of that class, its recorded class's model with the wire's share
+  re-timed at the class's calibrated rate. The ops around the calls keep their time (FSDP's
+  copies in and out of the buffers, whose bytes the shard size changes: an error toward the
+  recorded mesh).
 """
 
 from __future__ import annotations
@@ -29,11 +39,13 @@ import numpy as np
 from dpro.graph.dataflow import DataflowGraph
 from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.replayer.cost import link_class
+from dpro.replayer.linkmodel import wire_rates
 from dpro.replayer.whatif import ISSUE_EDGES, WhatIf, WhatIfError
 
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["forward_prefetch", "merge_units", "reshard"]
+__all__ = ["forward_prefetch", "merge_units", "mesh", "parse_mesh", "recorded_mesh", "reshard"]
 
 HOOKS = (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
          ("FSDP::backward_prefetch for ", "prefetch"))
@@ -52,13 +64,13 @@ def reshard(w: WhatIf, analysis: RunAnalysis, value: bool) -> dict[str, Any]:
     gathered buffer, inside the unit's ops, stays too: the gain errs low)."""
     if analysis.parallelism.fsdp and value == analysis.parallelism.fsdp_reshard:
         return {"backward_all_gathers": 0, "note": "as recorded"}
-    group = _shard_group(analysis, "--reshard-after-forward")
+    groups = _shard_groups(analysis, "--reshard-after-forward")
     if value:
-        added = _regather_in_backward(w)
+        added = _regather_in_backward(w, groups)
         if not added:
             raise WhatIfError("no FSDP unit's forward all-gather and pre-backward hook were found in this run's graph")
         return {"backward_all_gathers": added}
-    gone = _backward_all_gathers(w.graph, group)
+    gone = _backward_all_gathers(w.graph, groups)
     for coll, k in gone:
         w.set_collective_bytes(coll, k, 0.0)
     return {"backward_all_gathers": len(gone)}
@@ -68,14 +80,14 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
     """Each unit's forward all-gather issued by the unit ``depth`` before it (see the module
     docstring); how many moved. Modelled from FSDP2's default (no forward prefetch) and where
     each gather is waited right after the op that issued it (``async_op=False`` on gloo)."""
-    _shard_group(analysis, "--forward-prefetch")
+    groups = _shard_groups(analysis, "--forward-prefetch")
     recorded = analysis.parallelism.fsdp_forward_prefetch
     if recorded:
         raise WhatIfError(f"--forward-prefetch is modelled from FSDP2's default (no forward prefetch); this job's "
                           f"units prefetch {recorded} ahead")
     if depth == 0:
         return {"forward_prefetch": 0, "moved_all_gathers": 0, "note": "as recorded"}
-    units = _forward_gathers(w, _calls_by_unit(w)["forward"])
+    units = _forward_gathers(w, _calls_by_unit(w, groups)["forward"])
     if len(units) < 2:
         raise WhatIfError("no two FSDP units' forward all-gathers were found in this run's graph")
     after, waiter = _next_on_queue(w), {}
@@ -107,8 +119,7 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
     (:meth:`~dpro.replayer.whatif.WhatIf.drop_collective`); their copies in and out of the
     gathered buffer stay where they were (in FSDP they are the group's, taking as long for the
     same bytes)."""
-    _shard_group(analysis, "--merge-units")
-    by_unit = _calls_by_unit(w)
+    by_unit = _calls_by_unit(w, _shard_groups(analysis, "--merge-units"))
     order = [unit for unit, _, _ in _forward_gathers(w, by_unit["forward"]) if unit]  # the root apart
     if len(order) < 2:
         raise WhatIfError("--merge-units needs two or more FSDP units besides the root; this job has "
@@ -137,6 +148,92 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
             "dropped": dropped, "resized": resized}
 
 
+def parse_mesh(text: str) -> tuple[int, int]:
+    """``"2x2"`` (or ``2×2``, ``"4"`` for ``1x4``) as ``(replicate, shard)``; a one-line error otherwise."""
+    parts = re.split(r"\s*[x×]\s*", text.strip().lower())
+    if not 1 <= len(parts) <= 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise WhatIfError(f"--fsdp-mesh takes REPLICATExSHARD (e.g. 2x2, 1x4), not {text!r}")
+    return (1, int(parts[0])) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+
+
+def recorded_mesh(analysis: RunAnalysis) -> tuple[int, int]:
+    """The ``(replicate, shard)`` shape of the mesh the job's FSDP units ran on (``(1, N)`` for
+    a 1-D mesh)."""
+    units = [u for u in analysis.parallelism.fsdp if u.get("parameters")] or analysis.parallelism.fsdp
+    shape = [int(n) for n in (units[0].get("mesh_shape") if units else None) or [analysis.parallelism.world_size]]
+    if len(shape) > 2:
+        raise WhatIfError(f"--fsdp-mesh models FSDP on a 1-D or 2-D (replicate, shard) mesh; this job's is "
+                          f"{'×'.join(map(str, shape))}")
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], shape[1])
+
+
+def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
+    """FSDP2 over a ``(replicate, shard)`` mesh of the recorded ranks (see the module docstring);
+    shard groups are runs of consecutive ranks, as ``init_device_mesh`` lays them out."""
+    groups = _shard_groups(analysis, "--fsdp-mesh")
+    replicate, shard = parse_mesh(shape)
+    was = recorded_mesh(analysis)
+    world = was[0] * was[1]
+    if replicate * shard != world:
+        raise WhatIfError(f"--fsdp-mesh {replicate}x{shard} has {replicate * shard} ranks; FSDP runs over {world} "
+                          "here (the mesh changes its shape, not its size: --world-size changes that)")
+    details: dict[str, Any] = {"fsdp_mesh": f"{replicate}x{shard}", "recorded": f"{was[0]}x{was[1]}"}
+    if (replicate, shard) == was:
+        return {**details, "note": "as recorded"}
+    replicas = _replicate_groups(analysis)
+    kept = [r for r in w.graph.collectives.itertuples() if (str(r.coll), int(r.occurrence)) not in w.dropped]  # --merge-units'
+    reduces = [(str(r.coll), int(r.occurrence)) for r in kept
+               if str(r.group) in groups and collective_family(str(r.coll)) != "all_gather"]
+    all_reduces = [(str(r.coll), int(r.occurrence)) for r in kept if str(r.group) in replicas]
+    added = 0
+    if was[0] == 1 and replicate > 1:
+        for call in reduces:
+            if collective_family(call[0]) != "all_reduce":
+                raise WhatIfError("adding HSDP's all-reduce is modelled on gloo (whose reduce-scatter is an "
+                                  f"all-reduce); this job's is {call[0]}")
+            new = w.add_collective(*call, issuers=_done_by_rank(w, call), users=_waited_by(w, call))
+            all_reduces.append((call[0], new))
+            added += 1
+            w.set_collective_bytes(call[0], new, w.collective_bytes(*call) / was[1])  # its shard, as recorded
+    dropped = []
+    if replicate == 1:
+        for call in all_reduces:
+            w.drop_collective(*call)
+            dropped.append(call)
+    else:
+        for call in all_reduces:
+            w.set_collective_bytes(*call, w.collective_bytes(*call) * was[1] / shard)
+    hosts, wires = analysis.hosts, wire_rates(analysis.calibrations, analysis.hosts)
+    crossed: dict[str, str] = {}
+    calls = ([(str(r.coll), int(r.occurrence), "shard") for r in kept if str(r.group) in groups]
+             + [(*call, "replicate") for call in all_reduces if call not in dropped])
+    for coll, occurrence, dim in calls:
+        c = w._collective(coll, occurrence)
+        first = int(c["ranks"][0])
+        members = (range(first - first % shard, first - first % shard + shard) if dim == "shard"
+                   else range(first % shard, world, shard))
+        new = "intra" if len({hosts.get(r, "") for r in members}) == 1 else "inter"
+        old = link_class(w.graph, list(c["ranks"]))
+        rate = 1.0 if new == old else (wires[new] / wires[old] if new in wires and old in wires else None)
+        w.regroup(coll, occurrence, shard if dim == "shard" else replicate, new, rate)
+        crossed[dim] = new
+    return {**details, "shard_links": crossed.get("shard"), "replicate_links": crossed.get("replicate"),
+            "all_reduces_added": added, "all_reduces_dropped": len(dropped)}
+
+
+def _replicate_groups(analysis: RunAnalysis) -> set[str]:
+    """The process groups of the replicate dimension of each rank's FSDP mesh (HSDP's), if any."""
+    found = set()
+    for meta in analysis.metas.values():
+        parallel = meta.get("parallel") or {}
+        units = [u for u in parallel.get("fsdp") or [] if u.get("parameters")]
+        shape = units[0].get("mesh_shape") if units else None
+        for m in parallel.get("meshes") or []:
+            if shape and len(shape) == 2 and list(m.get("shape") or []) == list(shape) and m.get("groups"):
+                found.add(str(m["groups"][0]))
+    return found
+
+
 def _forward_gathers(w: WhatIf, gathers: dict[str, Gather]) -> list[tuple[str, Gather, dict[int, int]]]:
     """Each unit's forward all-gather still called (``gathers``: unit -> its forward all-gather,
     :func:`_calls_by_unit`), in forward order: ``(unit, gather, rank -> the first op that ran its
@@ -149,9 +246,10 @@ def _forward_gathers(w: WhatIf, gathers: dict[str, Gather]) -> list[tuple[str, G
             if unit in gathers and gathers[unit] not in w.dropped]
 
 
-def _calls_by_unit(w: WhatIf) -> dict[str, dict[str, Gather]]:
+def _calls_by_unit(w: WhatIf, groups: set[str]) -> dict[str, dict[str, Gather]]:
     """``{"forward": unit -> all-gather, "regather": unit -> all-gather, "reduce": unit ->
-    reduce-scatter}``: each collective by the op that issued it, the k-th of an op's all-gathers
+    reduce-scatter}``: each collective of the shard ``groups`` (HSDP's all-reduce over the
+    replicas left out) by the op that issued it, the k-th of an op's all-gathers
     the unit of its k-th ``FSDP::all_gather (unit)`` range (forward where the op ran a
     pre-forward hook), the k-th of its other collectives that of its k-th post-backward reduce
     (gloo reduces with an all-reduce). An op whose ranges and calls do not pair up is left out."""
@@ -165,6 +263,8 @@ def _calls_by_unit(w: WhatIf) -> dict[str, dict[str, Gather]]:
     offsets = nodes["offset_ns"].to_numpy()
     issued: dict[int, list[tuple[float, bool, Gather]]] = {}  # op -> (when, an all-gather, which)
     for row in w.graph.collectives.itertuples():
+        if str(row.group) not in groups:
+            continue
         gather = collective_family(str(row.coll)) == "all_gather"
         for arrival in w._arrivals(w.graph.collectives.loc[row.Index]):
             if int(arrival) in issuer_of:
@@ -184,16 +284,20 @@ def _calls_by_unit(w: WhatIf) -> dict[str, dict[str, Gather]]:
     return found
 
 
-def _shard_group(analysis: RunAnalysis, flag: str) -> str:
-    """The one process group the job's FSDP units shard over; a one-line error otherwise."""
-    units = analysis.parallelism.fsdp
-    if not units:
+def _shard_groups(analysis: RunAnalysis, flag: str) -> set[str]:
+    """The process groups the job's FSDP units shard over, one per rank (several with HSDP,
+    each over its ranks); a one-line error where a rank's units shard over more than one."""
+    if not analysis.parallelism.fsdp:
         raise WhatIfError(f"{flag} applies to FSDP jobs; this job has no fully_shard unit")
-    groups = {str(u.get("shard_group")) for u in units if u.get("parameters")}
-    if len(groups) != 1:
-        raise WhatIfError(f"{flag} is modelled for FSDP over one process group; this job's units "
-                          f"shard over {len(groups)} ({', '.join(sorted(groups))})")
-    return groups.pop()
+    found: set[str] = set()
+    for rank, meta in sorted(analysis.metas.items()):
+        units = (meta.get("parallel") or {}).get("fsdp") or []
+        groups = {str(u.get("shard_group")) for u in units if u.get("parameters")}
+        if len(groups) > 1:
+            raise WhatIfError(f"{flag} is modelled for FSDP over one process group per rank; rank {rank}'s units "
+                              f"shard over {len(groups)} ({', '.join(sorted(groups))})")
+        found |= groups
+    return found
 
 
 def _hook_nodes(w: WhatIf) -> dict[tuple[str, str], dict[int, int]]:
@@ -232,7 +336,7 @@ def _waited_by(w: WhatIf, gather: Gather) -> dict[int, int]:
             if (edges["src"] == done).any()}
 
 
-def _regather_in_backward(w: WhatIf) -> int:
+def _regather_in_backward(w: WhatIf, groups: set[str]) -> int:
     """Each unit gathered again before its backward pass, as FSDP2 does when it reshards after
     forward: a copy of the unit's forward all-gather, issued where its backward prefetch runs
     (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
@@ -240,7 +344,7 @@ def _regather_in_backward(w: WhatIf) -> int:
     runs the unit's ``FSDP::pre_backward`` hook; where the unit's forward gather was waited right
     after the op that issued it (FSDP2's unshard on gloo), the thread waits for the copy there
     too, before the op after the one that issued it. How many were added."""
-    where, gathers = _hook_nodes(w), _calls_by_unit(w)["forward"]
+    where, gathers = _hook_nodes(w), _calls_by_unit(w, groups)["forward"]
     added = 0
     after = _next_on_queue(w)
     previous = {v: u for u, v in after.items()}
@@ -276,8 +380,8 @@ def _next_on_queue(w: WhatIf) -> dict[int, int]:
     return dict(zip(order["src"].astype(int), order["dst"].astype(int)))
 
 
-def _backward_all_gathers(graph: DataflowGraph, group: str) -> list[Gather]:
-    """The all-gathers of ``group`` every rank issued after its first backward op (FSDP's before
+def _backward_all_gathers(graph: DataflowGraph, groups: set[str]) -> list[Gather]:
+    """The all-gathers of ``groups`` every rank issued after its first backward op (FSDP's before
     a unit's backward)."""
     nodes = graph.nodes
     names = nodes["name"].astype(str)
@@ -286,7 +390,7 @@ def _backward_all_gathers(graph: DataflowGraph, group: str) -> list[Gather]:
     out = []
     offsets = nodes["offset_ns"].to_numpy()
     for row in graph.collectives.itertuples():
-        if collective_family(str(row.coll)) != "all_gather" or not len(row.done) or str(row.group) != group:
+        if collective_family(str(row.coll)) != "all_gather" or not len(row.done) or str(row.group) not in groups:
             continue
         sends_start = [offsets[s] for s in row.sends] or [offsets[d] for d in row.done]
         if all(r in first.index and min(sends_start) >= first[r] for r in row.ranks):

@@ -51,6 +51,15 @@ class Parallelism:
         dimensions, no pipeline."""
         return not self.fsdp and self.pipeline is None and not (self.mesh and len(self.mesh["shape"]) > 1)
 
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the job has a device mesh of two or more dimensions other than its FSDP
+        units' own (HSDP's ``(replicate, shard)`` is data parallel)."""
+        if not self.mesh or len(self.mesh["shape"]) < 2:
+            return False
+        units = [u for u in self.fsdp if u.get("parameters")]
+        return not (units and list(units[0].get("mesh_shape") or []) == list(self.mesh["shape"]))
+
     def group_label(self, pg_name: str) -> str:
         """A process group as a user knows it: its mesh dimension, else its description, else its name."""
         if self.mesh and pg_name in (self.mesh.get("groups") or []):

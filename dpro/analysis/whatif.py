@@ -116,6 +116,7 @@ class Change:
     reshard_after_forward: bool | None = None  # FSDP2's, for every unit
     forward_prefetch: int | None = None  # FSDP2's: each unit's forward all-gather issued this many units ahead
     merge_units: int | None = None  # FSDP2's units (the root apart) wrapped this many as one
+    fsdp_mesh: str | None = None  # FSDP2's (replicate, shard) mesh of the same ranks, "RxS" (HSDP)
     microbatches: int | None = None  # a pipeline's, the same batch per step
     schedule: str | None = None  # a pipeline's: gpipe | 1f1b
     microbatch_run: str | None = None  # a recording of the same pipeline at another micro-batch count
@@ -209,6 +210,8 @@ class Prediction:
             details["link_class"] = _world_size(w, analysis, change.world_size, change.ranks_per_host)
         if change.merge_units is not None:  # first: the units are read from the ops that issued their calls
             details["fsdp_units"] = fsdp.merge_units(w, analysis, change.merge_units)
+        if change.fsdp_mesh is not None:  # before the reshard: a gather it adds is timed as changed
+            details["fsdp_mesh"] = fsdp.mesh(w, analysis, change.fsdp_mesh)
         if change.reshard_after_forward is not None:
             details["fsdp"] = fsdp.reshard(w, analysis, change.reshard_after_forward)
         if change.forward_prefetch is not None:
@@ -478,14 +481,13 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
         raise DproError(f"{' and '.join(piped)} apply to pipeline-parallel jobs; this job is {parallelism.describe()}")
     if parallelism.data_parallel_only:
         return
-    fsdp_only = bool(parallelism.fsdp) and parallelism.pipeline is None and not (
-        parallelism.mesh and len(parallelism.mesh["shape"]) > 1)
+    fsdp_only = bool(parallelism.fsdp) and parallelism.pipeline is None and not parallelism.tensor_parallel
     asked = [flag for name, flag in DATA_PARALLEL_CHANGES.items() if getattr(change, name) not in (None, False)
              and not (fsdp_only and name in FSDP_TOO)]
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
-                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, --forward-prefetch and "
-                        "--merge-units, for a pipeline, "
+                        "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, --forward-prefetch, "
+                        "--merge-units and --fsdp-mesh, for a pipeline, "
                         "--microbatches and --schedule apply to it")
 
 

@@ -52,6 +52,9 @@ class Compression(click.ParamType):
                    "(set_modules_to_forward_prefetch; 0: none, FSDP2's default).")
 @click.option("--merge-units", type=click.IntRange(min=2), metavar="G",
               help="FSDP2: every G consecutive units (the root apart) wrapped as one, fully_shard([...]).")
+@click.option("--fsdp-mesh", metavar="RxS",
+              help="FSDP2 over a (replicate, shard) mesh of the same ranks: sharded over S consecutive ranks, "
+                   "replicated over R (HSDP, e.g. 2x2; 1xN: sharded over all).")
 @click.option("--microbatches", type=click.IntRange(min=1), metavar="M",
               help="Pipeline: the step's batch in M micro-batches (the same batch per step).")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]),
@@ -65,7 +68,7 @@ class Compression(click.ParamType):
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
            accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, reshard_after_forward: bool | None,
-           forward_prefetch: int | None, merge_units: int | None, microbatches: int | None, schedule: str | None, microbatch_run: str | None, no_interference: bool, as_json: bool,
+           forward_prefetch: int | None, merge_units: int | None, fsdp_mesh: str | None, microbatches: int | None, schedule: str | None, microbatch_run: str | None, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -75,12 +78,12 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
                     fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward,
-                    forward_prefetch=forward_prefetch, merge_units=merge_units,
+                    forward_prefetch=forward_prefetch, merge_units=merge_units, fsdp_mesh=fsdp_mesh,
                     microbatches=microbatches, schedule=schedule, microbatch_run=microbatch_run)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
                                "--compress, --accumulate, --fuse-ops, --world-size, --[no-]reshard-after-forward, --forward-prefetch, --merge-units, "
-                               "--microbatches or --schedule")
+                               "--fsdp-mesh, --microbatches or --schedule")
     result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))
@@ -121,6 +124,13 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
     if units:
         click.echo(f"fsdp: {units['units']} units as {units['groups']}, {units['calls_dropped']} collective calls "
                    "fewer (their bytes sent by the group's call)")
+    mesh = result.get("fsdp_mesh")
+    if mesh and "note" not in mesh:
+        click.echo(f"fsdp: mesh {mesh['recorded']} -> {mesh['fsdp_mesh']} (replicate x shard): gathers and "
+                   f"reduce-scatters over {mesh['shard_links'] or 'no'}-host links"
+                   + (f", each shard's all-reduce over {mesh['replicate_links']}-host links" if mesh["replicate_links"]
+                      else ", no all-reduce over replicas")
+                   + f" ({mesh['all_reduces_added']} added, {mesh['all_reduces_dropped']} dropped)")
     slowdown = result["interference"]
     click.echo("interference: " + ("none" if slowdown is None else
                                    f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "
