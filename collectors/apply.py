@@ -22,6 +22,10 @@
   next ``K`` units in its forward pass (``set_modules_to_forward_prefetch``), the units in forward
   order as FSDP2 wraps them, bottom-up: each in the order it was wrapped, a unit before the
   units it holds (the root first);
+- ``fsdp_mesh`` (``"RxS"``): every ``fully_shard`` call made over one ``(replicate, shard)``
+  device mesh of ``R × S`` ranks (HSDP; ``1xN``: sharded over all), built at the first call
+  (``init_device_mesh``, on the device type of the module's parameters), whatever mesh the
+  script passed; where the job's world size is not ``R × S``, the script's is kept, and said;
 - ``pipeline_microbatches`` and ``pipeline_schedule``: every ``ScheduleGPipe`` or
   ``Schedule1F1B`` the script builds from ``torch.distributed.pipelining`` is built with this
   micro-batch count and as this schedule (the names are replaced before the script imports
@@ -128,7 +132,8 @@ class Applier:
         ``reshard_after_forward`` and forward prefetch (only when the strategy sets one: the
         import is not free)."""
         reshard, depth = self.settings.get("reshard_after_forward"), self.settings.get("fsdp_forward_prefetch")
-        if reshard is None and depth is None:
+        shape = self.settings.get("fsdp_mesh")
+        if reshard is None and depth is None and shape is None:
             return
         import torch.distributed.fsdp as fsdp
         from torch.distributed.fsdp import _fully_shard
@@ -136,9 +141,20 @@ class Applier:
         original = fsdp.fully_shard
         applier = self
         units: list[Any] = []  # in forward order: a parent before the units it holds (FSDP2 wraps bottom-up)
+        meshes: list[Any] = []  # the strategy's, once built
 
         @functools.wraps(original)
         def fully_shard(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if shape is not None:
+                if not meshes:
+                    try:
+                        meshes.append(_device_mesh(module, str(shape)))
+                    except Exception as e:  # the job runs on the script's mesh
+                        meshes.append(None)
+                        log_error(f"building FSDP2's {shape} mesh", e)
+                if meshes[0] is not None:
+                    kwargs["mesh"] = meshes[0]
+                    applier._note(f"fsdp_mesh={shape}")
             if reshard is not None:
                 before = kwargs.get("reshard_after_forward")
                 kwargs["reshard_after_forward"] = bool(reshard)
@@ -268,6 +284,27 @@ def _prefetch_forward(units: list[Any], unit: Any, depth: int) -> bool:
     for i, u in enumerate(units):
         u.set_modules_to_forward_prefetch(units[i + 1:i + 1 + depth])
     return depth > 0 and len(units) > 1
+
+
+def _device_mesh(module: Any, shape: str) -> Any:
+    """The ``(replicate, shard)`` device mesh ``shape`` names (``"2x2"``; 1-D for ``1xN``) over
+    the job's ranks, on the device type of ``module``'s parameters (the accelerator's, or the
+    CPU, for parameters not yet placed)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    replicate, shard = (int(n) for n in shape.split("x"))
+    if replicate * shard != dist.get_world_size():
+        raise ValueError(f"the mesh {shape} has {replicate * shard} ranks; the job runs {dist.get_world_size()}")
+    first = module[0] if isinstance(module, (list, tuple)) else module
+    device = next((p.device.type for p in first.parameters()), "meta")
+    if device == "meta":
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        device = accelerator.type if accelerator is not None else "cpu"
+    if replicate == 1:
+        return init_device_mesh(device, (shard,))
+    return init_device_mesh(device, (replicate, shard), mesh_dim_names=("replicate", "shard"))
 
 
 def _default_bucket_cap_mb() -> float:

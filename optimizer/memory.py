@@ -25,6 +25,9 @@ with what the strategy's settings change.
 - ``fsdp_merge_units`` of ``G``: where units reshard after forward, the two gathered at once
   are groups: the peak grows by twice the difference between the ``G`` largest units' bytes
   (an upper bound on a group's) and the largest unit's. Kept gathered: no change.
+- ``fsdp_mesh`` of ``R×S``: each rank holds a ``1/S`` shard of the parameters, their gradients
+  and the optimizer's state, against the recorded ``1/S0``: those grow by ``S0 / S``. The
+  gathered units and the activations stay.
 - ``pipeline_microbatches`` and ``pipeline_schedule``: a stage holds the activations of the
   micro-batches it has run forward and not yet backward: all ``M`` under GPipe, at most
   ``stages - stage`` under 1F1B (its warm-up). The activations the stage held when its first
@@ -59,7 +62,20 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     blocks = job_block_lists(layout, parallelism.fsdp if parallelism else []) or {}
     return max(_rank_bytes(settings, m, layout or {}, blocks) + _reshard_bytes(settings, parallelism)
                + _prefetch_bytes(settings, parallelism) + _merge_bytes(settings, parallelism)
-               + _pipeline_bytes(settings, m, parallelism, rank) for rank, m in memory.items())
+               + _pipeline_bytes(settings, m, parallelism, rank) + _mesh_bytes(settings, m, parallelism)
+               for rank, m in memory.items())
+
+
+def _mesh_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:
+    """What sharding over another number of ranks adds to a rank's sharded state (negative: saves)."""
+    shape = settings.get("fsdp_mesh")
+    units = [u for u in parallelism.fsdp if u.get("parameters")] if parallelism else []
+    if not shape or not units:
+        return 0
+    recorded = int((units[0].get("mesh_shape") or [parallelism.world_size])[-1])
+    shard = int(str(shape).split("x")[-1])
+    sharded = m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
+    return round(sharded * (recorded / shard - 1))
 
 
 def _pipeline_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None, rank: int) -> int:

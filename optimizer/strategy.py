@@ -37,6 +37,10 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
 - ``fsdp_merge_units``: ``G`` (2 or more): every ``G`` consecutive FSDP2 units but the root
   wrapped as one (``fully_shard([block_i, ..., block_i+G-1])``): fewer, larger all-gathers and
   reduce-scatters. Exact; a change to the script's ``fully_shard`` calls ``--apply`` cannot make.
+- ``fsdp_mesh``: ``"RxS"``: FSDP2 over a ``(replicate, shard)`` device mesh of the same ranks
+  (``init_device_mesh(..., (R, S), mesh_dim_names=("replicate", "shard"))`` given to every
+  ``fully_shard``: HSDP; ``"1xN"``: sharded over all). The same numbers up to the order of the
+  gradients' sums; a change to the script ``--apply`` cannot make.
 - ``pipeline_microbatches`` and ``pipeline_schedule`` (``gpipe`` or ``1f1b``): a
   ``torch.distributed.pipelining`` schedule's micro-batch count and kind (``ScheduleGPipe(stage,
   n_microbatches=...)`` or ``Schedule1F1B``): the same batch per step, split otherwise. Exact
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,8 +71,8 @@ __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
-            "reshard_after_forward", "fsdp_forward_prefetch", "fsdp_merge_units", "pipeline_microbatches",
-            "pipeline_schedule")
+            "reshard_after_forward", "fsdp_forward_prefetch", "fsdp_merge_units", "fsdp_mesh",
+            "pipeline_microbatches", "pipeline_schedule")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
 
@@ -114,6 +119,8 @@ class Strategy:
             parts.append(f"forward-prefetch-{self.settings['fsdp_forward_prefetch']}")
         if self.settings.get("fsdp_merge_units"):
             parts.append(f"units-of-{self.settings['fsdp_merge_units']}")
+        if self.settings.get("fsdp_mesh"):
+            parts.append(f"mesh-{self.settings['fsdp_mesh']}")
         if self.settings.get("pipeline_microbatches"):
             parts.append(f"microbatches-{self.settings['pipeline_microbatches']}")
         if self.settings.get("pipeline_schedule"):
@@ -141,7 +148,7 @@ class Strategy:
                       fuse_ops=self.settings.get("torch_compile"),
                       reshard_after_forward=self.settings.get("reshard_after_forward"),
                       forward_prefetch=self.settings.get("fsdp_forward_prefetch"),
-                      merge_units=self.settings.get("fsdp_merge_units"),
+                      merge_units=self.settings.get("fsdp_merge_units"), fsdp_mesh=self.settings.get("fsdp_mesh"),
                       microbatches=self.settings.get("pipeline_microbatches"),
                       schedule=self.settings.get("pipeline_schedule"))
 
@@ -174,6 +181,11 @@ class Strategy:
             g = self.settings["fsdp_merge_units"]
             lines.append(f"for i in range(0, len(blocks), {g}): fully_shard(blocks[i:i + {g}])"
                          "  # a list: one FSDP unit of them all")
+        if self.settings.get("fsdp_mesh"):
+            r, n = self.settings["fsdp_mesh"].split("x")
+            lines.append(f"mesh = init_device_mesh(device_type, ({r}, {n}), mesh_dim_names=(\"replicate\", \"shard\"))"
+                         "  # torch.distributed.device_mesh")
+            lines.append("fully_shard(module, mesh=mesh)  # every unit, the root too")
         m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
         if m or schedule:
             cls = SCHEDULES.get(schedule or "", "YourSchedule")
@@ -239,6 +251,9 @@ def validate(settings: dict[str, Any]) -> None:
     g = settings.get("fsdp_merge_units")
     if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 2):
         raise StrategyError(f"fsdp_merge_units must be a number of units, 2 or more, not {g!r}")
+    shape = settings.get("fsdp_mesh")
+    if shape is not None and not (isinstance(shape, str) and re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", shape)):
+        raise StrategyError(f"fsdp_mesh must be REPLICATExSHARD (e.g. \"2x2\"), not {shape!r}")
     m = settings.get("pipeline_microbatches")
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise StrategyError(f"pipeline_microbatches must be a positive number of micro-batches, not {m!r}")

@@ -13,12 +13,16 @@ model yet (it refuses those jobs, and the search notes the strategies as not pre
 gloo, where FSDP2 waits for each gather where it issues it, the prediction stays near no
 change. The pass proposes 1 and 2 units ahead on a job recorded without it. Larger units
 (several blocks under one ``fully_shard``) make fewer, larger collectives: the pass proposes 2
-and 4 units as one, a code change.
+and 4 units as one, a code change. The mesh pass proposes every other ``(replicate, shard)``
+shape of the same ranks (HSDP: shards within a host, replicas across hosts; or sharded over
+all), which the what-if re-times over the links each group then crosses.
 """
 
 from __future__ import annotations
 
+from dpro.analysis.fsdp import recorded_mesh
 from dpro.analysis.run import RunAnalysis
+from dpro.replayer.whatif import WhatIfError
 
 from dpro.optimizer.passes.base import Proposals
 
@@ -56,3 +60,18 @@ def fsdp_units(analysis: RunAnalysis) -> Proposals:
     if len(units) < 2:
         return Proposals(why="the job has fewer than two FSDP2 units besides the root")
     return Proposals([{"fsdp_merge_units": g} for g in UNITS_MERGED if g <= len(units)])
+
+
+def fsdp_mesh(analysis: RunAnalysis) -> Proposals:
+    """Every other ``(replicate, shard)`` mesh of the ranks FSDP2 runs over (``R × S`` of them)."""
+    if not analysis.parallelism.fsdp:
+        return Proposals(why="the job has no FSDP2 unit")
+    if analysis.parallelism.tensor_parallel or analysis.parallelism.pipeline is not None:
+        return Proposals(why="the job's FSDP2 runs beside tensor or pipeline parallelism (not modelled)")
+    try:
+        replicate, shard = recorded_mesh(analysis)
+    except WhatIfError as e:
+        return Proposals(why=str(e))
+    world = replicate * shard
+    shapes = [(r, world // r) for r in range(1, world + 1) if world % r == 0 and r != replicate]
+    return Proposals([{"fsdp_mesh": f"{r}x{s}"} for r, s in shapes])
