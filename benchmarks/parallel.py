@@ -9,6 +9,9 @@ forms (``benchmarks/testbed/job.py --form``):
   memory peak against the other's recorded one), and the resharded one twice the link rate
   (``--bandwidth-scale 2``) and each unit prefetching the next in its forward pass
   (``--forward-prefetch 1``) and every 2 layers one unit (``--merge-units 2``);
+- **FSDP2 on 4 ranks** (2 a host), each layer a unit, recorded sharded over all 4 (a ``1x4``
+  mesh) and as HSDP (``2x2``: sharded within a host, replicated across); each predicts the
+  other (``--fsdp-mesh``: step time, and the memory peak against the other's recorded one);
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
   8 and 2 micro-batches (``--microbatches``; 8 also from the pair of the 4 and 2 micro-batch
   recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
@@ -82,7 +85,9 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
     tag = f"s{seed}j{index}"
     fsdp = Config(f"{tag}-fsdp", job, RATE_MBIT, form="fsdp")
     pp = Config(f"{tag}-pp", job, RATE_MBIT, form="pp")
-    configs = [fsdp, pp, fsdp.but(f"{tag}-fsdp-noreshard", reshard=False),
+    flat = Config(f"{tag}-fsdp4", job, RATE_MBIT, form="fsdp", ranks_per_host=2)
+    hsdp = flat.but(f"{tag}-hsdp", replicate=2)
+    configs = [fsdp, pp, flat, hsdp, fsdp.but(f"{tag}-fsdp-noreshard", reshard=False),
                fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), fsdp.but(f"{tag}-fsdp-prefetch", forward_prefetch=1),
                fsdp.but(f"{tag}-fsdp-units2", layers_per_unit=2),
                pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2),
@@ -95,6 +100,8 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
              Case("fsdp: links 2x", fsdp.name, f"{tag}-fsdp-2x", {"bandwidth_scale": 2.0}),
              Case("fsdp: forward prefetch 1", fsdp.name, f"{tag}-fsdp-prefetch", {"forward_prefetch": 1}),
              Case("fsdp: 2 layers a unit", fsdp.name, f"{tag}-fsdp-units2", {"merge_units": 2}),
+             Case("fsdp: 4 ranks, 1x4 as 2x2 (HSDP)", flat.name, hsdp.name, {"fsdp_mesh": "2x2"}, memory=True),
+             Case("fsdp: 4 ranks, 2x2 as 1x4", hsdp.name, flat.name, {"fsdp_mesh": "1x4"}, memory=True),
              Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
              Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
              Case("pp: 8 micro-batches, with the 2's recording", pp.name, f"{tag}-pp-8mb",
@@ -105,7 +112,7 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
 
 
 MEMORY_SETTINGS = {"reshard_after_forward": "reshard_after_forward", "microbatches": "pipeline_microbatches",
-                   "schedule": "pipeline_schedule"}
+                   "schedule": "pipeline_schedule", "fsdp_mesh": "fsdp_mesh"}
 """The optimizer's setting of each what-if change whose memory is scored."""
 
 

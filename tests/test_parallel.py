@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from dpro.analysis import RunAnalysis
+from dpro.analysis.fsdp import _backward_all_gathers
 from dpro.graph.collective_log import label
 from dpro.graph.matching import pair_p2p
 from dpro.graph.typical import _split_at_waits
@@ -53,6 +54,19 @@ def deep_fsdp_run(tmp_path_factory) -> Path:
 def fsdp_run(tmp_path_factory) -> Path:
     """FSDP2 with every unit kept gathered after forward: the memory-hungry setting."""
     return _record(tmp_path_factory, "fsdp", 2, "--no-reshard")
+
+
+@pytest.fixture(scope="module")
+def hsdp_run(tmp_path_factory) -> Path:
+    """FSDP2 on 4 ranks put on a 2×2 (replicate, shard) mesh by ``--apply``: HSDP, the script unchanged."""
+    strategy = tmp_path_factory.mktemp("hsdp") / "strategy.json"
+    strategy.write_text(json.dumps({"settings": {"fsdp_mesh": "2x2"}}))
+    run = tmp_path_factory.mktemp("hsdp") / "run"
+    ran = dpro("record", "--apply", strategy, "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2",
+               "--no-calibrate", "--", *TORCHRUN, "--nproc-per-node=4", PARALLEL, "--form", "fsdp", *SMALL,
+               timeout=400)
+    assert ran.returncode == 0, ran.stderr
+    return run
 
 
 def test_a_2x2_mesh_is_recorded_and_each_collective_matched_within_its_own_group(tp_run: Path) -> None:
@@ -210,6 +224,53 @@ def test_merged_units_send_what_the_grouped_job_sends_and_apply_prefetches_it(fs
         assert call["bytes"] in sizes, (call, sizes)
 
 
+def test_hsdp_gathers_within_shard_groups_and_reduces_across_replicas_and_the_flat_mesh_drops_that(
+        hsdp_run: Path) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+
+    analysis = RunAnalysis.open(hsdp_run)
+    assert analysis.metas[0]["applied"]["applied"] == ["fsdp_mesh=2x2"]
+    assert {tuple(u["mesh_shape"]) for u in analysis.parallelism.fsdp} == {(2, 2)}
+    assert not analysis.parallelism.tensor_parallel, "HSDP's mesh is the FSDP units' own"
+    table = analysis.graph.collectives
+    ranks = table["ranks"].map(tuple)
+    gathers = table["coll"] == "all_gather"
+    assert set(ranks[gathers]) == {(0, 1), (2, 3)}, "all-gathers within each shard group"
+    assert set(ranks[~gathers]) == {(0, 1), (2, 3), (0, 2), (1, 3)}, "reduce-scatters (gloo all-reduces), replicas' all-reduces"
+    replicas = int((~gathers & ranks.isin([(0, 2), (1, 3)])).sum())
+    model = CostModel(analysis)
+    flat = model.predict(Change(fsdp_mesh="1x4")).summary["fsdp_mesh"]
+    assert (flat["recorded"], flat["all_reduces_dropped"], flat["all_reduces_added"]) == ("2x2", replicas, 0)
+    kept = model.predict(Change(reshard_after_forward=False)).summary["fsdp"]
+    shard_groups = {str(g) for g in table.loc[gathers, "group"]}
+    per_group = [len(_backward_all_gathers(analysis.graph, {g})) for g in sorted(shard_groups)]
+    assert len(per_group) == 2 and min(per_group) > 0 and kept["backward_all_gathers"] == sum(per_group), \
+        "kept gathered: every shard group's gathers before backward send nothing, not rank 0's group's only"
+
+
+def test_a_flat_fsdp_job_predicted_as_replicas_all_reduces_each_reduce_scatter(fsdp_run: Path) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+    from dpro.optimizer.passes import fsdp_mesh
+
+    analysis = RunAnalysis.open(fsdp_run)
+    assert fsdp_mesh(analysis).settings == [{"fsdp_mesh": "2x1"}]
+    prediction = CostModel(analysis).predict(Change(fsdp_mesh="2x1"))
+    mesh = prediction.summary["fsdp_mesh"]
+    recorded = analysis.graph.collectives
+    reduces = recorded[recorded["coll"] != "all_gather"]
+    assert (mesh["recorded"], mesh["all_reduces_added"]) == ("1x2", len(reduces))
+    changed, replay = prediction.graph.collectives, prediction.replay
+    added = changed.iloc[len(recorded):]
+    for rs, ar in zip(reduces.itertuples(), added.itertuples()):
+        assert ar.bytes == rs.bytes and ar.ranks == rs.ranks
+        for rs_done, ar_done in zip(rs.done, ar.done):
+            assert replay.end_ns[ar_done] >= replay.end_ns[rs_done], "each shard all-reduced once reduce-scattered"
+    sends = np.concatenate([g.sends for g in changed.itertuples() if g.coll == "all_gather"]).astype(int)
+    assert (replay.end_ns[sends] - replay.start_ns[sends]).max() == 0, "a shard of one rank is gathered by no one"
+    assert_one_line_error(dpro("whatif", fsdp_run, "--fsdp-mesh", "2x2"), "--fsdp-mesh 2x2", "4 ranks", "over 2")
+    assert_one_line_error(dpro("whatif", fsdp_run, "--fsdp-mesh", "two"), "REPLICATExSHARD")
+
+
 def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_units_reshard() -> None:
     from dpro.analysis.memory import RankMemory
     from dpro.analysis.parallelism import Parallelism
@@ -232,6 +293,7 @@ def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_u
     assert peak({"fsdp_merge_units": 2}) == recorded + 2 * (300 + 200 - 300), "two groups of the two largest at most"
     assert peak({"fsdp_merge_units": 2, "fsdp_forward_prefetch": 3}, reshard=False) == peak({}, reshard=False), \
         "kept gathered, every unit is gathered by the forward's end anyway"
+    assert peak({"fsdp_mesh": "2x1"}) == recorded + 1000 + 1000, "a shard of one rank: parameters, gradients whole"
 
 
 def test_checkpointing_an_fsdp_job_s_blocks_is_planned_from_its_units(deep_fsdp_run: Path, tmp_path_factory) -> None:
@@ -283,6 +345,7 @@ def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp
     assert_one_line_error(dpro("whatif", pp_run, "--no-reshard-after-forward"), "FSDP", "no fully_shard unit")
     assert_one_line_error(dpro("whatif", pp_run, "--forward-prefetch", "1"), "--forward-prefetch", "no fully_shard unit")
     assert_one_line_error(dpro("whatif", pp_run, "--merge-units", "2"), "--merge-units", "no fully_shard unit")
+    assert_one_line_error(dpro("whatif", pp_run, "--fsdp-mesh", "1x2"), "--fsdp-mesh", "no fully_shard unit")
     assert_one_line_error(dpro("whatif", fsdp_run, "--microbatches", "8"), "--microbatches", "pipeline-parallel", "FSDP2")
     assert_one_line_error(dpro("whatif", pp_run, "--schedule", "1f1b", "--microbatches", "1"), "1F1B", "stages (2)")
     ok = dpro("whatif", pp_run, "--bandwidth-scale", "0.5")
