@@ -151,10 +151,12 @@ class Applier:
                         meshes.append(_device_mesh(module, str(shape)))
                     except Exception as e:  # the job runs on the script's mesh
                         meshes.append(None)
+                        applier.left_out.append(f"fsdp_mesh={shape} ({str(e).splitlines()[0] if str(e) else e!r})")
                         log_error(f"building FSDP2's {shape} mesh", e)
                 if meshes[0] is not None:
+                    applier._note(f"fsdp_mesh={shape}" + (" (the script's own mesh replaced)" if kwargs.get("mesh")
+                                                          is not None else ""))
                     kwargs["mesh"] = meshes[0]
-                    applier._note(f"fsdp_mesh={shape}")
             if reshard is not None:
                 before = kwargs.get("reshard_after_forward")
                 kwargs["reshard_after_forward"] = bool(reshard)

@@ -27,7 +27,8 @@ alignment buys).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -175,6 +176,7 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
         ids = dict(zip(group["rank"], group["node"]))
         matched.append(Matched(coll, int(k), ids, *_size_and_algorithm(nodes, coll, int(k), ids, bucket_bytes,
                                                                        algorithms), group=str(group["pg_name"].iloc[0])))
+    matched = _numbered_across_groups(matched)
     for send, recv in pair_p2p(instances.set_index("node")):
         a, b = int(nodes.at[send, "rank"]), int(nodes.at[recv, "rank"])
         sizes = nodes.loc[[send, recv], "nbytes"].dropna()
@@ -192,6 +194,22 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                          collectives=table, clock_offsets_ns=clocks,
                          hosts=dict(hosts) if hosts else {r: "" for r in reductions},
                          wraps=pd.concat(wrap_frames, ignore_index=True))
+
+
+def _numbered_across_groups(matched: list[Matched]) -> list[Matched]:
+    """The collectives with each kind's occurrences numbered across process groups: a group's
+    own numbers (its sequence) follow those of the groups met before it, so that a kind and an
+    occurrence name one collective of the job (FSDP over 2 shard groups makes an all-gather #0
+    in each). A job of one group keeps its numbers."""
+    counts: dict[tuple[str, str], int] = {}  # (coll, group) -> its numbers, in order of first appearance
+    for m in matched:
+        counts[m.coll, m.group] = max(counts.get((m.coll, m.group), 0), m.occurrence + 1)
+    offsets: dict[tuple[str, str], int] = {}
+    ends: dict[str, int] = {}
+    for (coll, group), count in counts.items():
+        offsets[coll, group] = ends.get(coll, 0)
+        ends[coll] = offsets[coll, group] + count
+    return [replace(m, occurrence=m.occurrence + offsets[m.coll, m.group]) for m in matched]
 
 
 def _wraps(nodes: pd.DataFrame, gaps: dict[str, float], base: int) -> pd.DataFrame:

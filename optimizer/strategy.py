@@ -39,8 +39,8 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   reduce-scatters. Exact; a change to the script's ``fully_shard`` calls ``--apply`` cannot make.
 - ``fsdp_mesh``: ``"RxS"``: FSDP2 over a ``(replicate, shard)`` device mesh of the same ranks
   (``init_device_mesh(..., (R, S), mesh_dim_names=("replicate", "shard"))`` given to every
-  ``fully_shard``: HSDP; ``"1xN"``: sharded over all). The same numbers up to the order of the
-  gradients' sums; a change to the script ``--apply`` cannot make.
+  ``fully_shard``: HSDP; ``"1xN"``: a 1-D mesh, sharded over all). The same numbers up to the
+  order of the gradients' sums; ``--apply`` sets it.
 - ``pipeline_microbatches`` and ``pipeline_schedule`` (``gpipe`` or ``1f1b``): a
   ``torch.distributed.pipelining`` schedule's micro-batch count and kind (``ScheduleGPipe(stage,
   n_microbatches=...)`` or ``Schedule1F1B``): the same batch per step, split otherwise. Exact
@@ -183,7 +183,8 @@ class Strategy:
                          "  # a list: one FSDP unit of them all")
         if self.settings.get("fsdp_mesh"):
             r, n = self.settings["fsdp_mesh"].split("x")
-            lines.append(f"mesh = init_device_mesh(device_type, ({r}, {n}), mesh_dim_names=(\"replicate\", \"shard\"))"
+            lines.append(f"mesh = init_device_mesh(device_type, ({n},))  # torch.distributed.device_mesh" if r == "1" else
+                         f"mesh = init_device_mesh(device_type, ({r}, {n}), mesh_dim_names=(\"replicate\", \"shard\"))"
                          "  # torch.distributed.device_mesh")
             lines.append("fully_shard(module, mesh=mesh)  # every unit, the root too")
         m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")

@@ -76,7 +76,9 @@ class WhatIf:
         self._built_for: pd.DataFrame | None = None  # the edges the replayer was built for
         self._median_rank: MedianRank | None = None  # the fold the replayer replays, if folded
         self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
-        self._bandwidth = np.ones(len(nodes))
+        self._bandwidth = np.ones(len(nodes))  # what set_link_bandwidth asked
+        self._rate = np.ones(len(nodes))  # a send moved to a link class it has no model of: that class's rate over its own
+        self._share = np.ones(len(nodes))  # a regrouped send's share of its call's bytes over its recorded share
         self._parts = np.ones(len(nodes))
         self._repeat = np.ones(len(nodes))  # algorithm steps each send now stands for
         self._extra = np.zeros(len(nodes))  # time added to a send (a comm hook's compute)
@@ -105,8 +107,8 @@ class WhatIf:
         only what differs from the last one of any fork), so that many changes of one graph
         are each replayed from a replay already made."""
         other = copy.copy(self)
-        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded",
-                     "_origin"):
+        for name in ("durations", "_bytes", "_bandwidth", "_rate", "_share", "_parts", "_repeat", "_extra",
+                     "_residual", "_recorded", "_origin"):
             setattr(other, name, getattr(self, name).copy())
         other._model_of = dict(self._model_of)
         other.dropped = set(self.dropped)
@@ -177,24 +179,31 @@ class WhatIf:
         step sends its share of the bytes; there are as many steps as the algorithm takes), over
         links of class ``link_class_``. The recorded ranks stand for the new ones (data
         parallel: every rank does the same work)."""
-        for c in self.graph.collectives.itertuples():
-            self._regroup(self._collective(c.coll, c.occurrence), world_size, link_class_, None)
+        for _, c in self.graph.collectives.iterrows():
+            self._regroup(c, world_size, link_class_, None)
         return self._retime_sends()
 
-    def regroup(self, coll: str, occurrence: int, group_size: int, link_class_: str,
-                bandwidth: float | None = None) -> "WhatIf":
-        """Collective ``coll``'s ``occurrence`` over ``group_size`` ranks, as its algorithm runs
-        there (:meth:`set_world_size`, for one collective), over links of class ``link_class_``.
-        Where the run measured no such collective over that class, ``bandwidth`` (the class's
-        rate over the recorded one's) re-times it on its recorded class's model; an error if
-        not given. Its recorded ranks stand for the new group's, and still wait for one another."""
-        self._regroup(self._collective(coll, occurrence), group_size, link_class_, bandwidth)
+    def regroup(self, calls: list[tuple[str, int]], group_size: int, link_class_: str,
+                rate: float | None = None) -> "WhatIf":
+        """Each of ``calls`` (collective, occurrence) over ``group_size`` ranks, as its
+        algorithm runs there (:meth:`set_world_size`'s rule, for these calls), over links of
+        class ``link_class_``. Where the run measured no such collective over that class,
+        ``rate`` (the class's rate over the recorded one's) re-times it on its recorded class's
+        model; an error if not given. A call's recorded ranks stand for its new group's and
+        still wait for one another (where groups split, an error toward waiting on the slowest;
+        where they merge, the old groups do not wait for each other: an error toward a shorter
+        step). A dropped call stays dropped."""
+        for coll, occurrence in calls:
+            self._regroup(self._collective(coll, occurrence), group_size, link_class_, rate)
         return self._retime_sends()
 
-    def _regroup(self, c: pd.Series, group_size: int, link_class_: str, bandwidth: float | None) -> None:
+    def _regroup(self, c: pd.Series, group_size: int, link_class_: str, rate: float | None) -> None:
         recorded, scaled = schedule(c["coll"], len(c["ranks"])), schedule(c["coll"], group_size)
         sends = np.asarray(c["sends"], np.int64)
-        if not len(recorded) or not len(sends):
+        if not len(recorded) or not len(sends) or (c["coll"], int(c["occurrence"])) in self.dropped:
+            return
+        if not len(scaled):  # a group of one rank sends nothing
+            self._repeat[sends] = 0.0
             return
         steps = scaled.steps / recorded.steps
         if int(sends[0]) not in self._model_of:  # unsized: only its number of steps changes
@@ -203,12 +212,12 @@ class WhatIf:
         key = (c["coll"], link_class_)
         if key in self.model:
             self._model_of.update({int(v): key for v in sends})
-        elif bandwidth is not None:
-            self._bandwidth[sends] = bandwidth
+            self._rate[sends] = 1.0
+        elif rate is not None:
+            self._rate[sends] = rate
         else:
             raise WhatIfError(f"no measurement of {c['coll']} over {link_class_}-host links in this run")
-        share = (scaled.fraction.mean() if len(scaled.fraction) else 0.0) / recorded.fraction.mean()
-        self._bytes[sends] *= share
+        self._share[sends] = scaled.fraction.mean() / recorded.fraction.mean()
         self._repeat[sends] = steps
 
     def fuse_buckets(self, groups: list[list[int]]) -> "WhatIf":
@@ -288,10 +297,12 @@ class WhatIf:
             self._model_of.update({int(ids[v]): self._model_of[int(v)] for v in sends if int(v) in self._model_of})
         return [*range(first, first + count - 1), occurrence]
 
-    def add_collective(self, coll: str, occurrence: int, issuers: dict[int, int], users: dict[int, int]) -> int:
+    def add_collective(self, coll: str, occurrence: int, issuers: dict[int, int], users: dict[int, int],
+                       group: str | None = None) -> int:
         """A new collective like ``coll``'s ``occurrence`` (its arrivals, sends and ends, timed
         for its bytes), issued on each rank by ``issuers[rank]`` and needed by ``users[rank]``
-        (node ids): FSDP's all-gather of a unit again before its backward pass. It has no other
+        (node ids), labelled with ``group`` (default: the recorded one's): FSDP's all-gather of
+        a unit again before its backward pass. It has no other
         inputs or users, and shares its links with no queue (an error toward too little
         contention). Returns its occurrence."""
         c = self._collective(coll, occurrence)
@@ -313,7 +324,8 @@ class WhatIf:
                              "kind": "wait"})
         copies = graph.nodes.loc[members].assign(name=lambda f: f["name"].astype(str).str.replace(
             f"{coll}#{occurrence}", f"{coll}#{new}", regex=False))
-        row = {**c.to_dict(), "occurrence": new, "sends": ids[sends].tolist(), "done": ids[done].tolist()}
+        row = {**c.to_dict(), "occurrence": new, "sends": ids[sends].tolist(), "done": ids[done].tolist(),
+               **({"group": group} if group is not None else {})}
         self.graph = dataclasses.replace(graph, nodes=text_as_categories(pd.concat([graph.nodes, copies],
                                                                                    ignore_index=True)),
                                          collectives=pd.concat([graph.collectives, pd.DataFrame([row])],
@@ -333,7 +345,8 @@ class WhatIf:
 
     def _append_copies(self, copied: np.ndarray) -> None:
         """Per-node state for new nodes appended to the graph, each a copy of a ``copied`` node."""
-        for name in ("durations", "_bytes", "_bandwidth", "_parts", "_repeat", "_extra", "_residual", "_recorded"):
+        for name in ("durations", "_bytes", "_bandwidth", "_rate", "_share", "_parts", "_repeat", "_extra",
+                     "_residual", "_recorded"):
             values = getattr(self, name)
             setattr(self, name, np.concatenate([values, values[copied]]))
         self._origin = np.concatenate([self._origin, self._origin[copied]])
@@ -502,13 +515,15 @@ class WhatIf:
         return hit.iloc[0]
 
     def _send_model_ns(self, sends: np.ndarray) -> np.ndarray:
-        return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v], self._bandwidth[v], self._parts[v])
+        return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v] * self._share[v],
+                                                                       self._bandwidth[v] * self._rate[v],
+                                                                       self._parts[v])
                          for v in sends], np.float64) * self._repeat[sends]
 
     def _timing(self, sends: np.ndarray) -> np.ndarray:
         """What a send's time depends on: bytes, bandwidth, pieces, steps, added time."""
-        return np.stack([self._bytes[sends], self._bandwidth[sends], self._parts[sends], self._repeat[sends],
-                         self._extra[sends]], axis=1)
+        return np.stack([self._bytes[sends] * self._share[sends], self._bandwidth[sends] * self._rate[sends],
+                         self._parts[sends], self._repeat[sends], self._extra[sends]], axis=1)
 
     def _retime_sends(self) -> "WhatIf":
         sends = np.fromiter(self._model_of, np.int64)

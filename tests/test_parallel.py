@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from dpro.analysis import RunAnalysis
+from dpro.analysis import fsdp
 from dpro.analysis.fsdp import _backward_all_gathers
 from dpro.graph.collective_log import label
 from dpro.graph.matching import pair_p2p
@@ -59,9 +60,10 @@ def fsdp_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def hsdp_run(tmp_path_factory) -> Path:
     """FSDP2 on 4 ranks put on a 2×2 (replicate, shard) mesh by ``--apply``: HSDP, the script unchanged."""
-    strategy = tmp_path_factory.mktemp("hsdp") / "strategy.json"
+    folder = tmp_path_factory.mktemp("hsdp")
+    strategy = folder / "strategy.json"
     strategy.write_text(json.dumps({"settings": {"fsdp_mesh": "2x2"}}))
-    run = tmp_path_factory.mktemp("hsdp") / "run"
+    run = folder / "run"
     ran = dpro("record", "--apply", strategy, "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2",
                "--no-calibrate", "--", *TORCHRUN, "--nproc-per-node=4", PARALLEL, "--form", "fsdp", *SMALL,
                timeout=400)
@@ -237,15 +239,24 @@ def test_hsdp_gathers_within_shard_groups_and_reduces_across_replicas_and_the_fl
     gathers = table["coll"] == "all_gather"
     assert set(ranks[gathers]) == {(0, 1), (2, 3)}, "all-gathers within each shard group"
     assert set(ranks[~gathers]) == {(0, 1), (2, 3), (0, 2), (1, 3)}, "reduce-scatters (gloo all-reduces), replicas' all-reduces"
-    replicas = int((~gathers & ranks.isin([(0, 2), (1, 3)])).sum())
+    replicas = table[~gathers & ranks.isin([(0, 2), (1, 3)])]
     model = CostModel(analysis)
     flat = model.predict(Change(fsdp_mesh="1x4")).summary["fsdp_mesh"]
-    assert (flat["recorded"], flat["all_reduces_dropped"], flat["all_reduces_added"]) == ("2x2", replicas, 0)
+    assert (flat["recorded"], flat["all_reduces_dropped"], flat["all_reduces_added"]) == ("2x2", len(replicas), 0)
+    w = model.what_if()
+    fsdp.mesh(w, analysis, "4x1")  # replicated over all 4: each rank all-reduces its whole gradients
+    for r in replicas.itertuples():
+        assert w.collective_bytes(r.coll, r.occurrence) == pytest.approx(2 * r.bytes), "a shard of 1 rank, not 2"
     kept = model.predict(Change(reshard_after_forward=False)).summary["fsdp"]
     shard_groups = {str(g) for g in table.loc[gathers, "group"]}
     per_group = [len(_backward_all_gathers(analysis.graph, {g})) for g in sorted(shard_groups)]
     assert len(per_group) == 2 and min(per_group) > 0 and kept["backward_all_gathers"] == sum(per_group), \
         "kept gathered: every shard group's gathers before backward send nothing, not rank 0's group's only"
+    prefetched = model.predict(Change(forward_prefetch=1)).summary["fsdp_prefetch"]
+    fresh = model.what_if()
+    forward = sum(len(fsdp._forward_gathers(fresh, fsdp._calls_by_unit(fresh, {g})["forward"])) for g in shard_groups)
+    assert prefetched["moved_all_gathers"] == forward - 2, "each shard group's gathers but its first prefetched"
+    assert_one_line_error(dpro("whatif", hsdp_run, "--merge-units", "2"), "--merge-units", "HSDP")
 
 
 def test_a_flat_fsdp_job_predicted_as_replicas_all_reduces_each_reduce_scatter(fsdp_run: Path) -> None:
@@ -268,7 +279,8 @@ def test_a_flat_fsdp_job_predicted_as_replicas_all_reduces_each_reduce_scatter(f
     sends = np.concatenate([g.sends for g in changed.itertuples() if g.coll == "all_gather"]).astype(int)
     assert (replay.end_ns[sends] - replay.start_ns[sends]).max() == 0, "a shard of one rank is gathered by no one"
     assert_one_line_error(dpro("whatif", fsdp_run, "--fsdp-mesh", "2x2"), "--fsdp-mesh 2x2", "4 ranks", "over 2")
-    assert_one_line_error(dpro("whatif", fsdp_run, "--fsdp-mesh", "two"), "REPLICATExSHARD")
+    for bad in ("two", "2x²", "0x2"):
+        assert_one_line_error(dpro("whatif", fsdp_run, "--fsdp-mesh", bad), "REPLICATExSHARD")
 
 
 def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_units_reshard() -> None:
@@ -294,6 +306,13 @@ def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_u
     assert peak({"fsdp_merge_units": 2, "fsdp_forward_prefetch": 3}, reshard=False) == peak({}, reshard=False), \
         "kept gathered, every unit is gathered by the forward's end anyway"
     assert peak({"fsdp_mesh": "2x1"}) == recorded + 1000 + 1000, "a shard of one rank: parameters, gradients whole"
+    memory[0] = RankMemory(1000, 1000, 0, True, 600, 500, "cpu")  # optimizer state too, sharded as the rest
+    flat = Parallelism(world_size=4, fsdp=[{**u, "mesh_shape": [4]} for u in job(True).fsdp])
+    hsdp = Parallelism(world_size=4, fsdp=[{**u, "mesh_shape": [2, 2]} for u in job(True).fsdp])
+    assert strategy_memory_bytes({"fsdp_mesh": "2x2"}, memory, None, flat) == \
+        strategy_memory_bytes({}, memory, None, flat) + 2600, "shards of 2 ranks hold twice what shards of 4 do"
+    assert strategy_memory_bytes({"fsdp_mesh": "1x4"}, memory, None, hsdp) == \
+        strategy_memory_bytes({}, memory, None, hsdp) - 1300, "and half the other way"
 
 
 def test_checkpointing_an_fsdp_job_s_blocks_is_planned_from_its_units(deep_fsdp_run: Path, tmp_path_factory) -> None:

@@ -53,6 +53,7 @@ HOOKS = (("FSDP::pre_forward", "forward"), ("FSDP::pre_backward", "backward"),
 unit is needed and prefetched (torch 2.13's names), and what each marks."""
 GATHER = re.compile(r"FSDP::all_gather(?: \((.*)\))?")  # a unit's all-gather (the root's names no unit)
 REDUCE = "FSDP::post_backward_reduce"
+REPLICAS = "hsdp replicas"  # the group label of an all-reduce over a shard's replicas that the what-if added
 
 Gather = tuple[str, int]  # a collective's name and occurrence
 
@@ -87,7 +88,14 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
                           f"units prefetch {recorded} ahead")
     if depth == 0:
         return {"forward_prefetch": 0, "moved_all_gathers": 0, "note": "as recorded"}
-    units = _forward_gathers(w, _calls_by_unit(w, groups)["forward"])
+    moved = 0
+    for group in sorted(groups):  # HSDP: each shard group's gathers, over its own ranks
+        moved += _prefetch_group(w, _forward_gathers(w, _calls_by_unit(w, {group})["forward"]), depth)
+    return {"forward_prefetch": depth, "moved_all_gathers": moved}
+
+
+def _prefetch_group(w: WhatIf, units: list[tuple[str, Gather, dict[int, int]]], depth: int) -> int:
+    """:func:`forward_prefetch` of one shard group's units (:func:`_forward_gathers`); how many moved."""
     if len(units) < 2:
         raise WhatIfError("no two FSDP units' forward all-gathers were found in this run's graph")
     after, waiter = _next_on_queue(w), {}
@@ -107,7 +115,7 @@ def forward_prefetch(w: WhatIf, analysis: RunAnalysis, depth: int) -> dict[str, 
             w.add_waits({r: done[r] for r in issuers}, {r: after[v] for r, v in waiter[unit].items()})
             issuers = done  # synchronous: the next gather starts when this one is done
             moved += 1
-    return {"forward_prefetch": depth, "moved_all_gathers": moved}
+    return moved
 
 
 def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
@@ -119,7 +127,11 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
     (:meth:`~dpro.replayer.whatif.WhatIf.drop_collective`); their copies in and out of the
     gathered buffer stay where they were (in FSDP they are the group's, taking as long for the
     same bytes)."""
-    by_unit = _calls_by_unit(w, _shard_groups(analysis, "--merge-units"))
+    groups = _shard_groups(analysis, "--merge-units")
+    if len(groups) > 1:
+        raise WhatIfError(f"--merge-units is modelled for FSDP over one shard group; this job has {len(groups)} "
+                          "(HSDP: the replicas' all-reduces would merge too, which is not modelled)")
+    by_unit = _calls_by_unit(w, groups)
     order = [unit for unit, _, _ in _forward_gathers(w, by_unit["forward"]) if unit]  # the root apart
     if len(order) < 2:
         raise WhatIfError("--merge-units needs two or more FSDP units besides the root; this job has "
@@ -150,10 +162,10 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
 
 def parse_mesh(text: str) -> tuple[int, int]:
     """``"2x2"`` (or ``2×2``, ``"4"`` for ``1x4``) as ``(replicate, shard)``; a one-line error otherwise."""
-    parts = re.split(r"\s*[x×]\s*", text.strip().lower())
-    if not 1 <= len(parts) <= 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+    m = re.fullmatch(r"\s*([0-9]+)(?:\s*[x×]\s*([0-9]+))?\s*", text.lower(), re.ASCII)
+    if not m or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
         raise WhatIfError(f"--fsdp-mesh takes REPLICATExSHARD (e.g. 2x2, 1x4), not {text!r}")
-    return (1, int(parts[0])) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+    return (1, int(m.group(1))) if m.group(2) is None else (int(m.group(1)), int(m.group(2)))
 
 
 def recorded_mesh(analysis: RunAnalysis) -> tuple[int, int]:
@@ -169,7 +181,9 @@ def recorded_mesh(analysis: RunAnalysis) -> tuple[int, int]:
 
 def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     """FSDP2 over a ``(replicate, shard)`` mesh of the recorded ranks (see the module docstring);
-    shard groups are runs of consecutive ranks, as ``init_device_mesh`` lays them out."""
+    shard groups are runs of consecutive ranks, as ``init_device_mesh`` lays them out. Only
+    FSDP's calls move: on the shard groups those issued in its all-gather and post-backward
+    reduce ranges, and every call of the mesh's replicate groups (which FSDP2 alone uses)."""
     groups = _shard_groups(analysis, "--fsdp-mesh")
     replicate, shard = parse_mesh(shape)
     was = recorded_mesh(analysis)
@@ -180,45 +194,75 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     details: dict[str, Any] = {"fsdp_mesh": f"{replicate}x{shard}", "recorded": f"{was[0]}x{was[1]}"}
     if (replicate, shard) == was:
         return {**details, "note": "as recorded"}
-    replicas = _replicate_groups(analysis)
-    kept = [r for r in w.graph.collectives.itertuples() if (str(r.coll), int(r.occurrence)) not in w.dropped]  # --merge-units'
-    reduces = [(str(r.coll), int(r.occurrence)) for r in kept
-               if str(r.group) in groups and collective_family(str(r.coll)) != "all_gather"]
-    all_reduces = [(str(r.coll), int(r.occurrence)) for r in kept if str(r.group) in replicas]
+    fsdp_calls, replicas = _fsdp_issued(w), _replicate_groups(analysis)
+    calls = [(str(r.coll), int(r.occurrence), str(r.group)) for r in w.graph.collectives.itertuples()
+             if (str(r.coll), int(r.occurrence)) not in w.dropped]
+    sharded = [(c, k) for c, k, g in calls if g in groups and (c, k) in fsdp_calls]
+    reduces = [(c, k) for c, k in sharded if collective_family(c) != "all_gather"]
+    all_reduces = [(c, k) for c, k, g in calls if g in replicas]  # the replicate dimension's group: HSDP's only
+    if not reduces or len(reduces) == len(sharded):
+        raise WhatIfError("FSDP's all-gathers and reduce-scatters were not found in this run's graph (issued in its "
+                          "FSDP::all_gather and post_backward_reduce ranges)")
+    if was[0] > 1 and not all_reduces:
+        raise WhatIfError("the HSDP replicas' all-reduces were not found in this run's graph")
+    if was[0] == 1 and replicate > 1 and any(collective_family(c) != "all_reduce" for c, _ in reduces):
+        raise WhatIfError("adding HSDP's all-reduce is modelled on gloo (whose reduce-scatter is an all-reduce); "
+                          f"this job's reduce-scatter is {next(c for c, _ in reduces if collective_family(c) != 'all_reduce')}")
     added = 0
-    if was[0] == 1 and replicate > 1:
+    if was[0] == 1 and replicate > 1:  # each shard all-reduced over its replicas once reduce-scattered
         for call in reduces:
-            if collective_family(call[0]) != "all_reduce":
-                raise WhatIfError("adding HSDP's all-reduce is modelled on gloo (whose reduce-scatter is an "
-                                  f"all-reduce); this job's is {call[0]}")
-            new = w.add_collective(*call, issuers=_done_by_rank(w, call), users=_waited_by(w, call))
+            new = w.add_collective(*call, issuers=_done_by_rank(w, call), users=_waited_by(w, call),
+                                   group=REPLICAS)
+            w.set_collective_bytes(call[0], new, w.collective_bytes(*call) / shard)
             all_reduces.append((call[0], new))
             added += 1
-            w.set_collective_bytes(call[0], new, w.collective_bytes(*call) / was[1])  # its shard, as recorded
-    dropped = []
-    if replicate == 1:
+    elif replicate == 1:
         for call in all_reduces:
             w.drop_collective(*call)
-            dropped.append(call)
     else:
         for call in all_reduces:
             w.set_collective_bytes(*call, w.collective_bytes(*call) * was[1] / shard)
-    hosts, wires = analysis.hosts, wire_rates(analysis.calibrations, analysis.hosts)
-    crossed: dict[str, str] = {}
-    calls = ([(str(r.coll), int(r.occurrence), "shard") for r in kept if str(r.group) in groups]
-             + [(*call, "replicate") for call in all_reduces if call not in dropped])
-    for coll, occurrence, dim in calls:
-        c = w._collective(coll, occurrence)
-        first = int(c["ranks"][0])
-        members = (range(first - first % shard, first - first % shard + shard) if dim == "shard"
-                   else range(first % shard, world, shard))
-        new = "intra" if len({hosts.get(r, "") for r in members}) == 1 else "inter"
-        old = link_class(w.graph, list(c["ranks"]))
-        rate = 1.0 if new == old else (wires[new] / wires[old] if new in wires and old in wires else None)
-        w.regroup(coll, occurrence, shard if dim == "shard" else replicate, new, rate)
-        crossed[dim] = new
-    return {**details, "shard_links": crossed.get("shard"), "replicate_links": crossed.get("replicate"),
-            "all_reduces_added": added, "all_reduces_dropped": len(dropped)}
+    shard_link = _crossed(analysis, [range(k, k + shard) for k in range(0, world, shard)])
+    replica_link = _crossed(analysis, [range(k, world, shard) for k in range(shard)])
+    wires = wire_rates(analysis.calibrations, analysis.hosts)
+    for dim_calls, size, new_link in ((sharded, shard, shard_link), (all_reduces if replicate > 1 else [], replicate,
+                                                                     replica_link)):
+        by_link: dict[str, list[Gather]] = {}
+        for call in dim_calls:
+            by_link.setdefault(link_class(w.graph, list(w._collective(*call)["ranks"])), []).append(call)
+        for old_link, mine in by_link.items():
+            rate = 1.0 if old_link == new_link else (
+                wires[new_link] / wires[old_link] if new_link in wires and old_link in wires else None)
+            w.regroup(mine, size, new_link, rate)
+    return {**details, "shard_links": shard_link if shard > 1 else None,
+            "replicate_links": replica_link if replicate > 1 else None, "all_reduces_added": added,
+            "all_reduces_dropped": len(all_reduces) if replicate == 1 else 0}
+
+
+def _crossed(analysis: RunAnalysis, groups: list[range]) -> str:
+    """``inter`` where any of ``groups`` (of ranks) spans hosts, else ``intra``: the recorded
+    ranks of a call stand for every group, and still wait for one another, so the slowest sets
+    the step."""
+    hosts = analysis.hosts
+    return "inter" if any(len({hosts.get(r, "") for r in g}) > 1 for g in groups) else "intra"
+
+
+def _fsdp_issued(w: WhatIf) -> set[Gather]:
+    """The collectives issued inside FSDP's all-gather or post-backward reduce ranges (FSDP's own
+    calls, not the script's: a loss's all-reduce, a barrier)."""
+    nodes, edges = w.graph.nodes, w.edges
+    if "hooks" not in nodes:
+        return set()
+    hooks = nodes["hooks"].astype(object).fillna("").astype(str).to_numpy()
+    issue = edges[edges["kind"].isin(ISSUE_EDGES)]
+    issuer_of = dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
+    found = set()
+    for _, c in w.graph.collectives.iterrows():
+        issuers = [issuer_of.get(int(a)) for a in w._arrivals(c)]
+        if any(v is not None and any(GATHER.fullmatch(n) or n.startswith(REDUCE) for n in hooks[v].split(";"))
+               for v in issuers):
+            found.add((str(c["coll"]), int(c["occurrence"])))
+    return found
 
 
 def _replicate_groups(analysis: RunAnalysis) -> set[str]:
@@ -229,7 +273,8 @@ def _replicate_groups(analysis: RunAnalysis) -> set[str]:
         units = [u for u in parallel.get("fsdp") or [] if u.get("parameters")]
         shape = units[0].get("mesh_shape") if units else None
         for m in parallel.get("meshes") or []:
-            if shape and len(shape) == 2 and list(m.get("shape") or []) == list(shape) and m.get("groups"):
+            if shape and len(shape) == 2 and list(m.get("shape") or []) == list(shape) and m.get("groups") \
+                    and m["groups"][0] is not None:
                 found.add(str(m["groups"][0]))
     return found
 
@@ -287,8 +332,12 @@ def _calls_by_unit(w: WhatIf, groups: set[str]) -> dict[str, dict[str, Gather]]:
 def _shard_groups(analysis: RunAnalysis, flag: str) -> set[str]:
     """The process groups the job's FSDP units shard over, one per rank (several with HSDP,
     each over its ranks); a one-line error where a rank's units shard over more than one."""
-    if not analysis.parallelism.fsdp:
+    parallelism = analysis.parallelism
+    if not parallelism.fsdp:
         raise WhatIfError(f"{flag} applies to FSDP jobs; this job has no fully_shard unit")
+    if parallelism.tensor_parallel or parallelism.pipeline is not None:
+        raise WhatIfError(f"{flag} is modelled for FSDP alone (its own 1-D or replicate x shard mesh); this job is "
+                          f"{parallelism.describe()}")
     found: set[str] = set()
     for rank, meta in sorted(analysis.metas.items()):
         units = (meta.get("parallel") or {}).get("fsdp") or []
@@ -337,6 +386,11 @@ def _waited_by(w: WhatIf, gather: Gather) -> dict[int, int]:
 
 
 def _regather_in_backward(w: WhatIf, groups: set[str]) -> int:
+    """:func:`_regather_group` for each shard group (HSDP has several); how many were added."""
+    return sum(_regather_group(w, group) for group in sorted(groups))
+
+
+def _regather_group(w: WhatIf, group: str) -> int:
     """Each unit gathered again before its backward pass, as FSDP2 does when it reshards after
     forward: a copy of the unit's forward all-gather, issued where its backward prefetch runs
     (the ``FSDP::backward_prefetch for UNIT`` hook, inside the unit before it in the backward
@@ -344,7 +398,7 @@ def _regather_in_backward(w: WhatIf, groups: set[str]) -> int:
     runs the unit's ``FSDP::pre_backward`` hook; where the unit's forward gather was waited right
     after the op that issued it (FSDP2's unshard on gloo), the thread waits for the copy there
     too, before the op after the one that issued it. How many were added."""
-    where, gathers = _hook_nodes(w), _calls_by_unit(w, groups)["forward"]
+    where, gathers = _hook_nodes(w), _calls_by_unit(w, {group})["forward"]
     added = 0
     after = _next_on_queue(w)
     previous = {v: u for u, v in after.items()}
@@ -352,8 +406,12 @@ def _regather_in_backward(w: WhatIf, groups: set[str]) -> int:
         if kind != "forward":
             continue
         gather = gathers.get(unit)
-        users = where.get(("backward", unit))
-        if gather is None or not users or set(users) != set(w._collective(*gather)["ranks"]):
+        if gather is None:
+            continue
+        ranks = {int(r) for r in w._collective(*gather)["ranks"]}
+        users = {r: v for r, v in where.get(("backward", unit), {}).items() if r in ranks}
+        heads = {r: v for r, v in heads.items() if r in ranks}
+        if set(users) != ranks:
             continue
         prefetch = where.get(("prefetch", unit), {})
         issuers = {r: prefetch.get(r, previous.get(u)) for r, u in users.items()}

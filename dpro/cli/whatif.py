@@ -75,6 +75,10 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
 
     if ranks_per_host is not None and world_size is None:
         raise click.UsageError("--ranks-per-host goes with --world-size")
+    if fsdp_mesh is not None:
+        from dpro.analysis.fsdp import parse_mesh
+
+        parse_mesh(fsdp_mesh)  # a one-line error before the run is read
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
                     fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward,
@@ -126,8 +130,9 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
                    "fewer (their bytes sent by the group's call)")
     mesh = result.get("fsdp_mesh")
     if mesh and "note" not in mesh:
-        click.echo(f"fsdp: mesh {mesh['recorded']} -> {mesh['fsdp_mesh']} (replicate x shard): gathers and "
-                   f"reduce-scatters over {mesh['shard_links'] or 'no'}-host links"
+        click.echo(f"fsdp: mesh {mesh['recorded']} -> {mesh['fsdp_mesh']} (replicate x shard): "
+                   + (f"gathers and reduce-scatters over {mesh['shard_links']}-host links" if mesh["shard_links"]
+                      else "no gathers or reduce-scatters (a shard of one rank)")
                    + (f", each shard's all-reduce over {mesh['replicate_links']}-host links" if mesh["replicate_links"]
                       else ", no all-reduce over replicas")
                    + f" ({mesh['all_reduces_added']} added, {mesh['all_reduces_dropped']} dropped)")
