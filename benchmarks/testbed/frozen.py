@@ -32,7 +32,7 @@ MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpr
                  "examples/train_lm.py",
                  # and the parallel forms: their description, their benchmark
                  "dpro/analysis/parallelism.py", "dpro/analysis/stages.py", "dpro/analysis/memory.py",
-                 "benchmarks/parallel.py")
+                 "dpro/analysis/fsdp.py", "benchmarks/parallel.py")
 
 
 def model_version(root: Path = ROOT) -> str:
