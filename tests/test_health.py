@@ -392,3 +392,22 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
     assert all(s["kind"] == "link" for s in report["suspects"])
     assert all(n["verdict"] == "healthy" for n in report["nodes"] if n["host"] != "job")
     assert report["verdict"] == "degraded"
+
+
+def test_collectives_are_sized_by_time_and_a_size_too_slow_for_its_share_is_cut(tmp_path: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from dpro.anomaly.health.collectives import run_collectives
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        cpu = torch.device("cpu")
+        slow = run_collectives(("all_reduce",), (16.0, 1.0), 5, cpu, seconds=1e-7)[0]
+        quick = run_collectives(("all_reduce",), (1.0,), 3, cpu, seconds=60.0)[0]
+    finally:
+        dist.destroy_process_group()
+    assert slow.evidence["timed_calls"] == {"1mb": 0}, "the warm-up took its whole share: its time is the finding"
+    assert [m.name for m in slow.metrics] == ["busbw_gbps_1mb", "time_ms_1mb"], "the smaller size first, 16 MB cut"
+    assert slow.message.startswith("cut 16 MB: one call would take") and slow.evidence["cut"]
+    assert quick.evidence["timed_calls"] == {"1mb": 3} and "cut" not in quick.evidence and not quick.message

@@ -6,6 +6,13 @@ the timed iterations), the algorithm bandwidth is ``S / t`` and the bus bandwidt
 compared with the links' speed whatever the rank count ``n``, is that times a factor:
 ``2 (n - 1) / n`` for all-reduce, ``(n - 1) / n`` for all-gather, reduce-scatter and all-to-all,
 ``1`` for broadcast (nccl-tests, PERFORMANCE.md).
+
+Each size is sized by time, not bytes: its warm-up call is timed, and the timed iterations stop
+at ``seconds`` (fewer than ``iterations`` where calls are slow; none where the warm-up took that
+long, and the warm-up's time is the finding). A size whose one call would take longer than
+``seconds`` at the rate the size before it measured is cut and said so in the check's evidence:
+a slow link makes the check no longer, and its rate shows in the smaller sizes. Every rank takes
+the slowest rank's times, so all make the same calls.
 """
 
 from __future__ import annotations
@@ -33,26 +40,37 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def run_collectives(ops: tuple[str, ...], sizes_mb: tuple[float, ...], iterations: int,
-                    device: torch.device) -> list[Check]:
-    """One check per op, its metrics the bus bandwidth (Gb/s) and time per size; a check is
-    skipped when the backend does not support its op. Every rank must call it."""
+                    device: torch.device, seconds: float = 1.0) -> list[Check]:
+    """One check per op, its metrics the bus bandwidth (Gb/s) and time per size, each size
+    within about ``seconds`` (see the module docstring); a check is skipped when the backend
+    does not support its op. Every rank must call it."""
     n = dist.get_world_size()
     checks = []
     for op in ops:
         check = Check(f"collective.{op}")
-        for size_mb in sizes_mb:
-            run = _operation(op, int(size_mb * 2**20) // 4, n, device)
+        per_byte = None  # the last size's seconds per byte (the slowest rank's)
+        for size_mb in sorted(sizes_mb):
+            nbytes = int(size_mb * 2**20)
+            if per_byte is not None and per_byte * nbytes > seconds:
+                check.evidence.setdefault("cut", []).append(
+                    f"{size_mb:g} MB: one call would take about {per_byte * nbytes:.1f} s, over its {seconds:g} s")
+                continue
+            run = _operation(op, nbytes // 4, n, device)
             try:
-                seconds = _time(run, iterations, device)
+                per_call, timed = _time(run, iterations, device, seconds)
             except (RuntimeError, NotImplementedError) as e:  # gloo has no reduce_scatter, for one
                 reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                 checks.append(Check(check.name, "skip", f"not supported by the {dist.get_backend()} backend: {reason}"))
                 break
+            per_byte = per_call / nbytes
             size = f"{size_mb:g}mb"
-            busbw = int(size_mb * 2**20) / seconds * bus_factor(op, n) * 8 / 1e9
+            check.evidence.setdefault("timed_calls", {})[size] = timed
+            busbw = nbytes / per_call * bus_factor(op, n) * 8 / 1e9
             check.metrics += [Metric(f"busbw_gbps_{size}", busbw, "Gb/s", True),
-                              Metric(f"time_ms_{size}", seconds * 1e3, "ms", False)]
+                              Metric(f"time_ms_{size}", per_call * 1e3, "ms", False)]
         else:
+            if check.evidence.get("cut"):
+                check.message = "cut " + "; ".join(check.evidence["cut"])
             checks.append(check)
     return checks
 
@@ -78,18 +96,30 @@ def _operation(op: str, elements: int, n: int, device: torch.device) -> Callable
     raise ValueError(f"unknown collective {op!r}")
 
 
-def _time(run: Callable[[], None], iterations: int, device: torch.device) -> float:
-    """Seconds per call on the slowest rank, after one warm-up call."""
+def _time(run: Callable[[], None], iterations: int, device: torch.device, seconds: float) -> tuple[float, int]:
+    """Seconds per call on the slowest rank and how many calls were timed: up to
+    ``iterations`` after one warm-up call, as many as fit in ``seconds`` at the warm-up's
+    pace; none where the warm-up took that long (its time is then the answer)."""
+    start = time.perf_counter()
     run()
     _sync(device)
+    warm = _slowest((time.perf_counter() - start), device)
+    count = min(iterations, int((seconds - warm) / warm)) if warm > 0 else iterations
+    if count < 1:
+        return warm, 0
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(iterations):
+    for _ in range(count):
         run()
     _sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - start) / iterations], dtype=torch.float64, device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    return _slowest((time.perf_counter() - start) / count, device), count
+
+
+def _slowest(value: float, device: torch.device) -> float:
+    """``value``'s largest over the ranks (every rank gets it)."""
+    out = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out.item())
 
 
 def _sync(device: torch.device) -> None:

@@ -4,7 +4,8 @@
     collectives:
       ops: [all_reduce, all_gather, reduce_scatter, broadcast, all_to_all]
       sizes_mb: [1, 16]           # message sizes (nccl-tests' S: the whole buffer)
-      iterations: 5               # timed, after one warm-up
+      iterations: 5               # timed, after one warm-up (fewer where they would pass seconds)
+      seconds: 1.0                # each size's timed calls stop here; a size one call of which would take longer is cut
     pairwise:
       megabytes: 1                # per message
       seconds: 0.4                # of traffic per direction of each pair
@@ -45,6 +46,7 @@ class Collectives:
     ops: tuple[str, ...] = ALL_OPS
     sizes_mb: tuple[float, ...] = (1.0, 16.0)
     iterations: int = 5
+    seconds: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,8 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
     unknown_ops = sorted(set(collectives.ops) - set(ALL_OPS))
     if unknown_ops:
         raise HealthConfigError(f"{path}: collectives.ops: unknown {unknown_ops[0]!r} (known: {', '.join(ALL_OPS)})")
-    if any(s <= 0 for s in collectives.sizes_mb) or collectives.iterations < 1:
-        raise HealthConfigError(f"{path}: collectives.sizes_mb must be positive and iterations at least 1")
+    if any(s <= 0 for s in collectives.sizes_mb) or collectives.iterations < 1 or collectives.seconds <= 0:
+        raise HealthConfigError(f"{path}: collectives.sizes_mb and seconds must be positive and iterations at least 1")
     pairwise = _section(spec, "pairwise", Pairwise, path)
     if pairwise.megabytes <= 0 or pairwise.seconds <= 0:
         raise HealthConfigError(f"{path}: pairwise.megabytes and pairwise.seconds must be positive")

@@ -75,7 +75,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
             gpus.start()
             nics.start()
         job_checks = run_collectives(config.collectives.ops, config.collectives.sizes_mb,
-                                     config.collectives.iterations, device)
+                                     config.collectives.iterations, device, config.collectives.seconds)
         probes = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device, tiers)
         node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
