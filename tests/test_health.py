@@ -411,3 +411,20 @@ def test_collectives_are_sized_by_time_and_a_size_too_slow_for_its_share_is_cut(
     assert [m.name for m in slow.metrics] == ["busbw_gbps_1mb", "time_ms_1mb"], "the smaller size first, 16 MB cut"
     assert slow.message.startswith("cut 16 MB: one call would take") and slow.evidence["cut"]
     assert quick.evidence["timed_calls"] == {"1mb": 3} and "cut" not in quick.evidence and not quick.message
+
+
+def test_a_check_whose_time_budget_runs_out_says_what_it_cut_and_is_still_kept(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/health.db"
+    cut = _health("-o", tmp_path / "cut", "--db", db, "--time-budget", "1e-9")
+    assert cut.returncode == 0, cut.stderr
+    report = json.loads((tmp_path / "cut" / "health.json").read_text())
+    job = next(n for n in report["nodes"] if n["host"] == "job")
+    collectives = [c for c in job["checks"] if c["name"].startswith("collective.")]
+    assert collectives and all(c["status"] == "skip" and "time budget (1e-09 s) ran out" in c["message"]
+                               for c in collectives), collectives
+    assert report["time_budget_s"] == 1e-9
+    with History.open(db) as history:
+        assert len(history.runs()) == 1, "the cut check is in the history"
+    assert_one_line_error(_health("--time-budget", "0"), "--time-budget")
+    (tmp_path / "bad.yaml").write_text("time_budget_s: -5\n")
+    assert_one_line_error(_health("--config", tmp_path / "bad.yaml"), "time_budget_s")

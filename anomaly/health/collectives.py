@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from dpro.anomaly.health.budget import Budget
 from dpro.anomaly.health.model import Check, Metric
 
 __all__ = ["bus_factor", "run_collectives"]
@@ -40,14 +41,18 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def run_collectives(ops: tuple[str, ...], sizes_mb: tuple[float, ...], iterations: int,
-                    device: torch.device, seconds: float = 1.0) -> list[Check]:
+                    device: torch.device, seconds: float = 1.0, budget: Budget | None = None) -> list[Check]:
     """One check per op, its metrics the bus bandwidth (Gb/s) and time per size, each size
     within about ``seconds`` (see the module docstring); a check is skipped when the backend
-    does not support its op. Every rank must call it."""
+    does not support its op, or when the check's ``budget`` ran out before it. Every rank must
+    call it."""
     n = dist.get_world_size()
     checks = []
     for op in ops:
         check = Check(f"collective.{op}")
+        if budget is not None and budget.spent(device):
+            checks.append(Check(check.name, "skip", budget.cut(op)))
+            continue
         per_byte = None  # the last size's seconds per byte (the slowest rank's)
         for size_mb in sorted(sizes_mb):
             nbytes = int(size_mb * 2**20)

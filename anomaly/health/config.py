@@ -1,6 +1,7 @@
 """``health.yaml``: what ``dpro health`` measures and how it judges. Every key is optional::
 
     backend: gloo                 # default: nccl where a GPU is, else gloo
+    time_budget_s: 600            # the check's measuring stops here (what is left is cut, and said)
     collectives:
       ops: [all_reduce, all_gather, reduce_scatter, broadcast, all_to_all]
       sizes_mb: [1, 16]           # message sizes (nccl-tests' S: the whole buffer)
@@ -68,6 +69,7 @@ class HealthConfig:
     """The parsed ``health.yaml`` (see the module docstring); paths are absolute."""
 
     backend: str | None = None
+    time_budget_s: float = 600.0
     collectives: Collectives = field(default_factory=Collectives)
     pairwise: Pairwise = field(default_factory=Pairwise)
     rules: Rules = field(default_factory=Rules)
@@ -86,11 +88,14 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
         return HealthConfig()
     path = Path(path)
     spec = _read_yaml(path, "configuration")
-    known = {"backend", "collectives", "pairwise", "rules", "topology", "baseline"}
+    known = {"backend", "time_budget_s", "collectives", "pairwise", "rules", "topology", "baseline"}
     _no_unknown(spec, known, path, "")
     backend = spec.get("backend")
     if backend is not None and backend not in ("gloo", "nccl", "mpi", "ucc"):
         raise HealthConfigError(f"{path}: backend is gloo, nccl, mpi or ucc, not {backend!r}")
+    budget = spec.get("time_budget_s", HealthConfig.time_budget_s)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+        raise HealthConfigError(f"{path}: time_budget_s is a positive number of seconds, not {budget!r}")
     collectives = _section(spec, "collectives", Collectives, path)
     unknown_ops = sorted(set(collectives.ops) - set(ALL_OPS))
     if unknown_ops:
@@ -105,7 +110,7 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
         raise HealthConfigError(f"{path}: rules: need 0 < degraded_pct <= failed_pct and 1 <= min_nights <= nights")
     topology = _relative(path, spec.get("topology"), "topology")
     baseline_path = _relative(path, spec.get("baseline"), "baseline")
-    return HealthConfig(backend, collectives, pairwise, rules, topology,
+    return HealthConfig(backend, float(budget), collectives, pairwise, rules, topology,
                         read_baseline(baseline_path) if baseline_path else {})
 
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from dpro.anomaly.fabric.probes import Probes, to_matrix
 from dpro.anomaly.fabric.topology import probe_tiers, read_topology
 
+from dpro.anomaly.health.budget import Budget
 from dpro.anomaly.health.collectives import run_collectives
 from dpro.anomaly.health.config import HealthConfig, HealthConfigError
 from dpro.anomaly.health.gpu import GpuWatch
@@ -74,9 +75,13 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         if leader:
             gpus.start()
             nics.start()
+        budget = Budget(config.time_budget_s)
         job_checks = run_collectives(config.collectives.ops, config.collectives.sizes_mb,
-                                     config.collectives.iterations, device, config.collectives.seconds)
-        probes = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device, tiers)
+                                     config.collectives.iterations, device, config.collectives.seconds, budget)
+        probes, cut = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device, tiers,
+                                       budget)
+        if cut:
+            job_checks.append(Check("pairwise.budget", "skip", cut))
         node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((host, node_checks), gathered, dst=0)
@@ -99,6 +104,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
     report = HealthReport(started, _now(), list(nodes.values()) + [Node(JOB, job_checks)],
                           facts={"world_size": len(rank_hosts), "backend": backend,
                                  "hosts": list(nodes), "ranks_per_host": {h: rank_hosts.count(h) for h in nodes},
+                                 "time_budget_s": config.time_budget_s,
                                  "rules": asdict(config.rules)})
     if probes is not None:
         report.suspects = judge_network(report, probes, topology)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.health.budget import Budget
 
 __all__ = ["leaders", "measure_pairwise", "probe_rounds"]
 
@@ -63,18 +64,24 @@ def probe_rounds(n: int, tiers: Sequence[Sequence[str]] = ()) -> list[list[tuple
 
 
 def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float, device: torch.device,
-                     tiers: Sequence[dict[str, str]] = ()) -> Probes | None:
-    """The probes (Gb/s, sender to receiver) on every rank; None with a single host. Every rank
-    must call it; ``tiers``: host -> edge switch, host -> pod, to keep probes of a round apart."""
+                     tiers: Sequence[dict[str, str]] = (), budget: Budget | None = None
+                     ) -> tuple[Probes | None, str | None]:
+    """The probes (Gb/s, sender to receiver) on every rank, None with a single host, and what
+    the check's ``budget`` cut (rounds not run once it ran out), if anything. Every rank must
+    call it; ``tiers``: host -> edge switch, host -> pod, to keep probes of a round apart."""
     heads = leaders(rank_hosts)
     hosts = [rank_hosts[r] for r in heads]
     if len(heads) < 2:
-        return None
+        return None, None
     me = dist.get_rank()
     rounds = probe_rounds(len(heads), [[tier.get(h, h) for h in hosts] for tier in tiers])
     elements = max(1, int(megabytes * 2**20) // 4)
     found: list[tuple[int, int, int, float]] = []
+    cut = None
     for index, pairs in enumerate(rounds):
+        if budget is not None and budget.spent(device):
+            cut = budget.cut(f"{len(rounds) - index} of {len(rounds)} probe rounds not run")
+            break
         for a, b in pairs:
             for src, dst in ((a, b), (b, a)):
                 if me == heads[src]:
@@ -87,7 +94,7 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
     dist.all_gather_object(everyone, found)
     rows = np.array([p for part in everyone for p in part], np.float64).reshape(-1, 4)
     return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
-                  rows[:, 3])
+                  rows[:, 3]), cut
 
 
 def _send(peer: int, elements: int, seconds: float, device: torch.device) -> float:

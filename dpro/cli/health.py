@@ -4,6 +4,7 @@ included, so that a wrapper never mistakes an error for a verdict)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -63,13 +64,16 @@ DB_HELP = "History database: any SQLAlchemy URL (default $DPRO_HEALTH_DB, else s
 @click.option("--db", help=DB_HELP)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="health.yaml: sizes, thresholds, a baseline file, a topology.")
+@click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="Seconds the check may measure (default: the config's time_budget_s, 600); what is left when "
+                   "they run out is cut and said in the report.")
 @click.option("--nproc", default=2, show_default=True, type=click.IntRange(1, 64),
               help="Without a launcher: how many local processes to start.")
 @click.option("--npd", is_flag=True, help="node-problem-detector mode: this node's GPU and NIC checks and its verdict "
               "in the newest run in the history, as one line; exit 0 OK, 1 problem, 2 unknown.")
 @click.pass_context
-def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Path | None, nproc: int,
-           npd: bool) -> None:
+def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Path | None,
+           time_budget: float | None, nproc: int, npd: bool) -> None:
     """Check this cluster's GPUs, NICs, collectives and host-to-host bandwidth, judge them
     against baselines, keep the run in the history and write the reports.
 
@@ -85,6 +89,8 @@ def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Pa
     from dpro.anomaly.health.job import launcher_env
 
     config = load_config(config_path)
+    if time_budget is not None:
+        config = dataclasses.replace(config, time_budget_s=time_budget)
     if npd:
         ctx.exit(_node_problem(db))
     if launcher_env() is None:
