@@ -21,8 +21,9 @@ the leaf–spine with 50 Gb/s uplinks.
 ``same_as``; a switch: every link leaving it) include a faulty one; a fault is found when some
 suspect is right. Recall: found faults / faults, with a Wilson 95% interval; precision: right
 suspects / suspects, with a bootstrap 95% interval over trials (nan when nothing was named).
-Trials without a fault give the false-alarm rate. The baseline blames what an operator reading
-the matrix would: the sending NIC of the slowest probe.
+Trials without a fault give the false-alarm rate. The baseline is what ``dpro health`` names
+without a topology (:func:`matrix_only`): the hosts its analysis of the probe matrix flags, each
+standing for both directions of its access link.
 
 **Tuning vs scoring.** The localizer's ``clip``, ``z_class`` and ``z_count`` were chosen by :func:`tune`
 on trials of ``TUNING_SEED`` (``python -m benchmarks.health_localization --tune``); the

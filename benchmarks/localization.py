@@ -26,6 +26,12 @@ its baseline is the 10 s goal.
 The rows that follow are the harder variant, with ECMP paths unknown to the analysis and probes
 that share links (:mod:`benchmarks.localization_ecmp`).
 
+**Not held out.** The probes are simulated along the paths of dpro's own routing
+(:mod:`dpro.anomaly.fabric.routing`), the model the localizer is built on, so precision and
+recall here measure the algorithm on its own assumptions: their rows never count as met (goal
+column: "not held out"). The held-out score is ``benchmarks.health_localization``, on a
+simulator that shares no code or path model with dpro.
+
     python -m benchmarks --only localization [--quick]
 """
 
@@ -150,11 +156,14 @@ def run(quick: bool = False) -> list[dict]:
         case = f"fat tree, {n} hosts, {TRIALS if not quick else QUICK_TRIALS} trials, {ours[2]} faults"
         (precision, recall), (plain_precision, plain_recall) = _rates(ours), _rates(plain)
         rows += [
-            _row(case, "precision", precision, plain_precision, ">= 0.95", precision >= 0.95),
-            _row(case, "recall", recall, plain_recall, ">= 0.95", recall >= 0.95),
+            _row(case, "precision", precision, plain_precision, NOT_HELD_OUT, False),
+            _row(case, "recall", recall, plain_recall, NOT_HELD_OUT, False),
             _row(case, "localize s (slowest)", slowest, 10.0, "<= 10 s", slowest <= 10),
         ]
     return rows + ecmp_rows(quick)
+
+
+NOT_HELD_OUT = "not held out (dpro's own routing simulated the probes)"
 
 
 def _rates(counts: np.ndarray) -> tuple[float, float]:

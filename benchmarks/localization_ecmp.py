@@ -22,6 +22,12 @@ a fault is the component it names or one listed in its ``same_as``; a fault is f
 suspect is right about it. The baseline is the plain greedy set cover of the known-path rows,
 scored the same way, taking each probe to have followed the routing's hash.
 
+**Not held out.** The probes are simulated along the paths of dpro's own routing
+(:mod:`dpro.anomaly.fabric.routing`), the model the localizer is built on, so precision and
+recall here measure the algorithm on its own assumptions: their rows never count as met (goal
+column: "not held out"). The held-out score is ``benchmarks.health_localization``, on a
+simulator that shares no code or path model with dpro.
+
     python -m benchmarks --only localization [--quick]
 """
 
@@ -40,7 +46,8 @@ from dpro.anomaly.fabric.topology import fat_tree
 from dpro.anomaly.fabric.waves import edge_groups, waves
 
 from .ecmp_fabric import Degradation, bandwidth
-from .localization import FAULT_KINDS, NOISE, QUICK_SIZES, QUICK_TRIALS, SIZES, TRIALS, _plain_cover, _rates, _row
+from .localization import (FAULT_KINDS, NOISE, NOT_HELD_OUT, QUICK_SIZES, QUICK_TRIALS, SIZES, TRIALS, _plain_cover,
+                           _rates, _row)
 
 WAVES = 1024
 POD_PAIRS = 8  # pairs that leave each pod per wave
@@ -162,8 +169,8 @@ def rows(quick: bool = False) -> list[dict]:
             _row(f"healthy fabric, {n} hosts, probes leaving their switch: waves vs circle schedule",
                  "collided probes", waves_collided, circle_collided, f"<= {COLLIDED_GOAL}",
                  waves_collided <= COLLIDED_GOAL),
-            _row(case, "precision", precision, plain_precision, ">= 0.95", precision >= 0.95),
-            _row(case, "recall", recall, plain_recall, ">= 0.95", recall >= 0.95),
+            _row(case, "precision", precision, plain_precision, NOT_HELD_OUT, False),
+            _row(case, "recall", recall, plain_recall, NOT_HELD_OUT, False),
             _row(case, "localize s (slowest)", slowest, 10.0, "<= 10 s", slowest <= 10),
         ]
     return out
