@@ -27,7 +27,6 @@ alignment buys).
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass, field, replace
 from typing import Any
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dpro.analysis.fsdp import parse_mesh
 from dpro.analysis.memory import RankMemory
 from dpro.analysis.parallelism import Parallelism
 from dpro.replayer.pipeline import in_flight, schedule_name
@@ -69,13 +70,12 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
 def _mesh_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:
     """What sharding over another number of ranks adds to a rank's sharded state (negative: saves)."""
     shape = settings.get("fsdp_mesh")
-    units = [u for u in parallelism.fsdp if u.get("parameters")] if parallelism else []
-    if not shape or not units:
+    recorded = parallelism.fsdp_mesh_shape if parallelism else None
+    if not shape or not recorded:
         return 0
-    recorded = int((units[0].get("mesh_shape") or [parallelism.world_size])[-1])
-    shard = int(str(shape).split("x")[-1])
+    shard = parse_mesh(str(shape))[1]
     sharded = m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
-    return round(sharded * (recorded / shard - 1))
+    return round(sharded * (recorded[-1] / shard - 1))
 
 
 def _pipeline_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None, rank: int) -> int:

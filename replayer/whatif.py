@@ -39,6 +39,8 @@ from dpro.replayer.simulate import Replay, Replayer
 ISSUE_EDGES = ("enqueue", "launch")  # from the op that issued a collective to its instance (gloo, NCCL)
 INTERFERENCE_ROUNDS = 8  # at most this many replays re-time ops for the overlap the previous one found
 INTERFERENCE_TOLERANCE = 1e-3  # ... and none once no op's factor would move by more than this
+PER_NODE = ("durations", "_bytes", "_bandwidth", "_rate", "_share", "_parts", "_repeat", "_extra", "_residual",
+            "_recorded")  # a WhatIf's arrays of per-node state, that forks copy and new nodes extend
 
 
 class WhatIfError(DproError):
@@ -107,8 +109,7 @@ class WhatIf:
         only what differs from the last one of any fork), so that many changes of one graph
         are each replayed from a replay already made."""
         other = copy.copy(self)
-        for name in ("durations", "_bytes", "_bandwidth", "_rate", "_share", "_parts", "_repeat", "_extra",
-                     "_residual", "_recorded", "_origin"):
+        for name in (*PER_NODE, "_origin"):
             setattr(other, name, getattr(self, name).copy())
         other._model_of = dict(self._model_of)
         other.dropped = set(self.dropped)
@@ -345,8 +346,7 @@ class WhatIf:
 
     def _append_copies(self, copied: np.ndarray) -> None:
         """Per-node state for new nodes appended to the graph, each a copy of a ``copied`` node."""
-        for name in ("durations", "_bytes", "_bandwidth", "_rate", "_share", "_parts", "_repeat", "_extra",
-                     "_residual", "_recorded"):
+        for name in PER_NODE:
             values = getattr(self, name)
             setattr(self, name, np.concatenate([values, values[copied]]))
         self._origin = np.concatenate([self._origin, self._origin[copied]])

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["Budget"]
+__all__ = ["Budget", "slowest"]
 
 
 class Budget:
@@ -23,10 +23,15 @@ class Budget:
 
     def spent(self, device: torch.device) -> bool:
         """Whether the slowest rank has run ``seconds`` or more."""
-        elapsed = torch.tensor([time.monotonic() - self._start], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        return float(elapsed.item()) >= self.seconds
+        return slowest(time.monotonic() - self._start, device) >= self.seconds
 
     def cut(self, what: str) -> str:
         """The line a test cut by the budget says."""
         return f"cut: {what}: the check's time budget ({self.seconds:g} s) ran out"
+
+
+def slowest(value: float, device: torch.device) -> float:
+    """``value``'s largest over the ranks (every rank gets it; every rank must call it)."""
+    out = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out.item())

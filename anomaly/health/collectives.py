@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from dpro.anomaly.health.budget import Budget
+from dpro.anomaly.health.budget import Budget, slowest
 from dpro.anomaly.health.model import Check, Metric
 
 __all__ = ["bus_factor", "run_collectives"]
@@ -108,7 +108,7 @@ def _time(run: Callable[[], None], iterations: int, device: torch.device, second
     start = time.perf_counter()
     run()
     _sync(device)
-    warm = _slowest((time.perf_counter() - start), device)
+    warm = slowest(time.perf_counter() - start, device)
     count = min(iterations, int((seconds - warm) / warm)) if warm > 0 else iterations
     if count < 1:
         return warm, 0
@@ -117,14 +117,7 @@ def _time(run: Callable[[], None], iterations: int, device: torch.device, second
     for _ in range(count):
         run()
     _sync(device)
-    return _slowest((time.perf_counter() - start) / count, device), count
-
-
-def _slowest(value: float, device: torch.device) -> float:
-    """``value``'s largest over the ranks (every rank gets it)."""
-    out = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return float(out.item())
+    return slowest((time.perf_counter() - start) / count, device), count
 
 
 def _sync(device: torch.device) -> None:

@@ -171,8 +171,7 @@ def parse_mesh(text: str) -> tuple[int, int]:
 def recorded_mesh(analysis: RunAnalysis) -> tuple[int, int]:
     """The ``(replicate, shard)`` shape of the mesh the job's FSDP units ran on (``(1, N)`` for
     a 1-D mesh)."""
-    units = [u for u in analysis.parallelism.fsdp if u.get("parameters")] or analysis.parallelism.fsdp
-    shape = [int(n) for n in (units[0].get("mesh_shape") if units else None) or [analysis.parallelism.world_size]]
+    shape = analysis.parallelism.fsdp_mesh_shape or (analysis.parallelism.world_size,)
     if len(shape) > 2:
         raise WhatIfError(f"--fsdp-mesh models FSDP on a 1-D or 2-D (replicate, shard) mesh; this job's is "
                           f"{'×'.join(map(str, shape))}")
@@ -205,9 +204,10 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
                           "FSDP::all_gather and post_backward_reduce ranges)")
     if was[0] > 1 and not all_reduces:
         raise WhatIfError("the HSDP replicas' all-reduces were not found in this run's graph")
-    if was[0] == 1 and replicate > 1 and any(collective_family(c) != "all_reduce" for c, _ in reduces):
+    foreign = [c for c, _ in reduces if collective_family(c) != "all_reduce"]
+    if was[0] == 1 and replicate > 1 and foreign:
         raise WhatIfError("adding HSDP's all-reduce is modelled on gloo (whose reduce-scatter is an all-reduce); "
-                          f"this job's reduce-scatter is {next(c for c, _ in reduces if collective_family(c) != 'all_reduce')}")
+                          f"this job's reduce-scatter is {foreign[0]}")
     added = 0
     if was[0] == 1 and replicate > 1:  # each shard all-reduced over its replicas once reduce-scattered
         for call in reduces:
@@ -222,8 +222,8 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     else:
         for call in all_reduces:
             w.set_collective_bytes(*call, w.collective_bytes(*call) * was[1] / shard)
-    shard_link = _crossed(analysis, [range(k, k + shard) for k in range(0, world, shard)])
-    replica_link = _crossed(analysis, [range(k, world, shard) for k in range(shard)])
+    shard_link = _crossed(w, [range(k, k + shard) for k in range(0, world, shard)])
+    replica_link = _crossed(w, [range(k, world, shard) for k in range(shard)])
     wires = wire_rates(analysis.calibrations, analysis.hosts)
     for dim_calls, size, new_link in ((sharded, shard, shard_link), (all_reduces if replicate > 1 else [], replicate,
                                                                      replica_link)):
@@ -239,23 +239,21 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
             "all_reduces_dropped": len(all_reduces) if replicate == 1 else 0}
 
 
-def _crossed(analysis: RunAnalysis, groups: list[range]) -> str:
+def _crossed(w: WhatIf, groups: list[range]) -> str:
     """``inter`` where any of ``groups`` (of ranks) spans hosts, else ``intra``: the recorded
     ranks of a call stand for every group, and still wait for one another, so the slowest sets
     the step."""
-    hosts = analysis.hosts
-    return "inter" if any(len({hosts.get(r, "") for r in g}) > 1 for g in groups) else "intra"
+    return "inter" if any(link_class(w.graph, list(g)) == "inter" for g in groups) else "intra"
 
 
 def _fsdp_issued(w: WhatIf) -> set[Gather]:
     """The collectives issued inside FSDP's all-gather or post-backward reduce ranges (FSDP's own
     calls, not the script's: a loss's all-reduce, a barrier)."""
-    nodes, edges = w.graph.nodes, w.edges
+    nodes = w.graph.nodes
     if "hooks" not in nodes:
         return set()
     hooks = nodes["hooks"].astype(object).fillna("").astype(str).to_numpy()
-    issue = edges[edges["kind"].isin(ISSUE_EDGES)]
-    issuer_of = dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
+    issuer_of = _issuer_of(w)
     found = set()
     for _, c in w.graph.collectives.iterrows():
         issuers = [issuer_of.get(int(a)) for a in w._arrivals(c)]
@@ -263,6 +261,12 @@ def _fsdp_issued(w: WhatIf) -> set[Gather]:
                for v in issuers):
             found.add((str(c["coll"]), int(c["occurrence"])))
     return found
+
+
+def _issuer_of(w: WhatIf) -> dict[int, int]:
+    """Each collective arrival's issuing op (the call that enqueued it, or launched its kernel)."""
+    issue = w.edges[w.edges["kind"].isin(ISSUE_EDGES)]
+    return dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
 
 
 def _replicate_groups(analysis: RunAnalysis) -> set[str]:
@@ -298,13 +302,12 @@ def _calls_by_unit(w: WhatIf, groups: set[str]) -> dict[str, dict[str, Gather]]:
     the unit of its k-th ``FSDP::all_gather (unit)`` range (forward where the op ran a
     pre-forward hook), the k-th of its other collectives that of its k-th post-backward reduce
     (gloo reduces with an all-reduce). An op whose ranges and calls do not pair up is left out."""
-    nodes, edges = w.graph.nodes, w.edges
+    nodes = w.graph.nodes
     found: dict[str, dict[str, Gather]] = {"forward": {}, "regather": {}, "reduce": {}}
     if "hooks" not in nodes:
         return found
     hooks = nodes["hooks"].astype(object).fillna("").astype(str)
-    issue = edges[edges["kind"].isin(ISSUE_EDGES)]
-    issuer_of = dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
+    issuer_of = _issuer_of(w)
     offsets = nodes["offset_ns"].to_numpy()
     issued: dict[int, list[tuple[float, bool, Gather]]] = {}  # op -> (when, an all-gather, which)
     for row in w.graph.collectives.itertuples():

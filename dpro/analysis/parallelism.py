@@ -52,13 +52,21 @@ class Parallelism:
         return not self.fsdp and self.pipeline is None and not (self.mesh and len(self.mesh["shape"]) > 1)
 
     @property
+    def fsdp_mesh_shape(self) -> tuple[int, ...] | None:
+        """The shape of the mesh the FSDP units that hold parameters ran on (rank 0's; ``(N,)``
+        for FSDP2's own 1-D mesh where none was recorded); None without FSDP."""
+        units = [u for u in self.fsdp if u.get("parameters")] or self.fsdp
+        if not units:
+            return None
+        return tuple(int(n) for n in units[0].get("mesh_shape") or [self.world_size])
+
+    @property
     def tensor_parallel(self) -> bool:
         """Whether the job has a device mesh of two or more dimensions other than its FSDP
         units' own (HSDP's ``(replicate, shard)`` is data parallel)."""
         if not self.mesh or len(self.mesh["shape"]) < 2:
             return False
-        units = [u for u in self.fsdp if u.get("parameters")]
-        return not (units and list(units[0].get("mesh_shape") or []) == list(self.mesh["shape"]))
+        return self.fsdp_mesh_shape != tuple(self.mesh["shape"])
 
     def group_label(self, pg_name: str) -> str:
         """A process group as a user knows it: its mesh dimension, else its description, else its name."""
