@@ -85,7 +85,8 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
     for tid, thread in cpu.groupby("tid", sort=True):
         thread = thread.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
         top = _top_level(thread)
-        tops = _split_at_waits(thread[top], thread[~top], awaited.get(int(tid), np.empty(0, np.int64)))
+        tops = _split_at_waits(thread[top].assign(resumed_after=-1), thread[~top],
+                               awaited.get(int(tid), np.empty(0, np.int64)))
         tops = tops.assign(kind="cpu", resource=f"cpu/{tid}")
         parts.append(tops)
         nested = thread[~top]
@@ -118,21 +119,29 @@ stage's receive, FSDP's all-gather before a unit's forward and backward."""
 
 FSDP_REDUCE_PREFIX = "FSDP::post_backward_reduce"
 """FSDP's reduce-scatter of a unit's gradients: issued and, on gloo, waited for inside this range."""
+WAIT_CALLS = frozenset({"_c10d_functional::wait_tensor"})
+"""Nested calls that are a wait, not work (:func:`_split_at_waits` looks past them)."""
+FUNCTIONAL_PREFIX = "_c10d_functional::"
+"""Functional collectives (DTensor's: tensor parallel's all-reduces): issued inside such a call,
+waited for (``wait_tensor``) by the issuing thread inside the op that first uses the result."""
 
 
 def _awaited_ends(ev: pd.DataFrame) -> dict[int, np.ndarray]:
     """Per thread, when the step's instances of :data:`AWAITED_FAMILIES` it issued ended, sorted,
-    and of the reduce-scatters (all-reduces, on gloo) FSDP issued in its post-backward reduce;
-    only those the collective log labelled (it pairs each with its enqueue call)."""
+    of the reduce-scatters (all-reduces, on gloo) FSDP issued in its post-backward reduce, and
+    of the functional collectives (:data:`FUNCTIONAL_PREFIX`); only those the collective log
+    labelled (it pairs each with its enqueue call)."""
     if "logged" not in ev:
         return {}
     logged = ev[ev["logged"].to_numpy(bool) & ev["coll_name"].notna().to_numpy()]
     is_call = logged["name"].astype(str).str.startswith("c10d::").to_numpy()
     calls, work = logged[is_call], logged[~is_call]
     family = calls["coll_name"].astype(str).map(collective_family)
-    reduces = ev[ev["name"].astype(str).str.startswith(FSDP_REDUCE_PREFIX)]
+    names = ev["name"].astype(str)
+    reduces = ev[names.str.startswith(FSDP_REDUCE_PREFIX)]
     calls = calls[family.isin(AWAITED_FAMILIES).to_numpy()
-                  | (family.isin(GRADIENT_FAMILIES).to_numpy() & _inside(calls, reduces))]
+                  | (family.isin(GRADIENT_FAMILIES).to_numpy() & _inside(calls, reduces))
+                  | _inside(calls, ev[names.str.startswith(FUNCTIONAL_PREFIX)])]
     issuer = dict(zip(zip(calls["pg_name"].astype(str), calls["seq"]), calls["tid"]))
     ends: dict[int, list[int]] = {}
     for g, q, start, dur in zip(work["pg_name"].astype(str), work["seq"], work["start_ns"], work["dur_ns"]):
@@ -160,12 +169,17 @@ def _inside(events: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
 
 def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarray) -> pd.DataFrame:
     """A thread's top-level ops cut where they sat waiting for a transfer they issued (``awaited``:
-    its ends, :func:`_awaited_ends`):
+    its ends, :func:`_awaited_ends`; ``tops`` with a ``resumed_after`` column):
     an op with no nested call running for :data:`NESTED_WAIT_NS` up to the transfer's end
     becomes its head (to the last call before the wait) and its tail (from the first call
-    after), so that the wait is an edge of the graph, not compute. Both pieces keep the op's name."""
+    after, empty where it waited to its end), so that the wait is an edge of the graph, not
+    compute; an op that waited before any call of its own (a functional collective's
+    ``wait_tensor``, no work) starts at its tail.
+    Both pieces keep the op's name; a tail's ``resumed_after`` is the end it waited for (-1
+    for the others), which makes it the transfer's waiter (:func:`_rank_edges`)."""
     if not len(awaited) or tops.empty:
         return tops
+    nested = nested[~nested["name"].astype(str).isin(WAIT_CALLS)]
     n_start = nested["start_ns"].to_numpy(np.int64)
     n_end = (nested["start_ns"] + nested["dur_ns"]).to_numpy(np.int64)
     order = np.argsort(n_start, kind="stable")
@@ -174,28 +188,30 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
     # the innermost calls: a range that spans the wait (FSDP's all-gather) is no sign of work
     n_start, n_end = n_start[leaf], n_end[leaf]
     n_end = np.maximum.accumulate(n_end) if len(n_end) else n_end
-    rows = []
+    rows, changed = [], False
     for _, op in tops.iterrows():
         start, end = int(op["start_ns"]), int(op["start_ns"] + op["dur_ns"])
-        cuts = []
+        cuts: list[tuple[int, int, int]] = []
         for done in awaited[(awaited > start) & (awaited < end)]:
             i = int(np.searchsorted(n_start, done, "left"))  # the first call after the transfer ended
-            if i == 0 or i >= len(n_start) or n_start[i] >= end or n_start[i - 1] < (cuts[-1][1] if cuts else start):
-                continue
-            idle_from = int(n_end[i - 1])
+            since = cuts[-1][2] if cuts else start
+            resume = int(n_start[i]) if i < len(n_start) and n_start[i] < end else end  # else: waited to its end
+            idle_from = int(n_end[i - 1]) if i > 0 and n_start[i - 1] >= since else since
             if idle_from <= done and done - idle_from >= NESTED_WAIT_NS:
-                cuts.append((idle_from, int(n_start[i])))
-        piece_start = start
-        for idle_from, resume in cuts:
-            rows.append(_piece(op, piece_start, idle_from))
-            piece_start = resume
-        rows.append(_piece(op, piece_start, end) if cuts else op)
-    return pd.DataFrame(rows).astype(tops.dtypes.to_dict()) if len(rows) != len(tops) else tops
+                cuts.append((int(done), idle_from, resume))
+        piece_start, resumed_after = start, -1
+        for done, idle_from, resume in cuts:
+            if idle_from > piece_start:
+                rows.append(_piece(op, piece_start, idle_from, resumed_after))
+            piece_start, resumed_after = resume, done
+        rows.append(_piece(op, piece_start, end, resumed_after) if cuts else op)
+        changed |= bool(cuts)
+    return pd.DataFrame(rows).astype(tops.dtypes.to_dict()) if changed else tops
 
 
-def _piece(op: pd.Series, start: int, end: int) -> pd.Series:
+def _piece(op: pd.Series, start: int, end: int, resumed_after: int) -> pd.Series:
     piece = op.copy()
-    piece["start_ns"], piece["dur_ns"] = start, end - start
+    piece["start_ns"], piece["dur_ns"], piece["resumed_after"] = start, end - start, resumed_after
     return piece
 
 
@@ -368,16 +384,21 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
     optimizer_steps = optimizer_steps[np.argsort(start[optimizer_steps])]
     cpu_threads = [g for resource, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)
                    if resource not in comm_threads]
+    # an op cut at a wait (:func:`_split_at_waits`) resumed after the transfer that ended then
+    resumed = {int(t): int(v) for v, t in nodes["resumed_after"].items() if t >= 0} \
+        if "resumed_after" in nodes else {}
     for i, name, k in zip(instances.index, instances["coll_name"], instances["issue"]):
         call = issued.get(k)
         if call is not None:
             parent = index.get(call["parent_key"])
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
+        tail = resumed.get(int(measured_end[i]))
         for thread in cpu_threads:
             # judged within the template's own step: medians taken op by op need not keep
             # a waiter after the end of the collective it woke up for
-            waiter = _waiter(thread, measured_start[i], measured_end[i], measured_start, measured_end)
+            waiter = tail if tail is not None and tail in thread.index else _waiter(
+                thread, measured_start[i], measured_end[i], measured_start, measured_end)
             if waiter is not None and waiter != i:
                 edges.append((i, waiter, int(measured_start[waiter] - measured_end[i]), "wait"))
         # The optimizer updates with the reduced gradients: DDP waits for every bucket before
