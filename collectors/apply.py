@@ -55,7 +55,8 @@ CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_grap
 CODE_CHANGES = {"activation_checkpointing": "a change to the model's code",
                 "gradient_accumulation": "a change to the training loop",
                 "torch_compile": "the DDP module compiled in the script",
-                "fsdp_merge_units": "a change to the script's fully_shard calls"}
+                "fsdp_merge_units": "a change to the script's fully_shard calls",
+                "tp_mesh": "a change to the script's device mesh"}
 """Settings ``--apply`` leaves out, and why: they need the script changed (the strategy's ``code``)."""
 
 _SCHEDULE_ARGS = ("n_microbatches", "loss_fn", "args_chunk_spec", "kwargs_chunk_spec", "output_merge_spec", "scale_grads")

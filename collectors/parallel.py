@@ -14,7 +14,10 @@ job did not import. :func:`describe` returns the ``parallel`` section of a rank'
   ``backward_prefetch`` (the units it prefetches, when the script set them), ``shard_group``
   (the process group it shards over) and ``mesh_shape``;
 - ``pipeline``: each pipeline schedule: ``schedule`` (its class), ``microbatches``,
-  ``stage_index``, ``num_stages``.
+  ``stage_index``, ``num_stages``;
+- ``dtensor_parameters``: the DTensor parameters (tensor parallel's, FSDP2's), by the process
+  groups they are sharded over: ``sharded_over`` (group names, ``[]`` for replicated),
+  ``local_bytes`` (each parameter's, on this rank).
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ __all__ = ["describe"]
 def describe() -> dict[str, Any]:
     """The ``parallel`` section; empty lists where the job uses none of these."""
     wanted = {name: sys.modules.get(name) for name in (
-        "torch.distributed.device_mesh", "torch.distributed.fsdp", "torch.distributed.pipelining.schedules")}
+        "torch.distributed.device_mesh", "torch.distributed.fsdp", "torch.distributed.pipelining.schedules",
+        "torch.distributed.tensor")}
     if not any(wanted.values()):
-        return {"meshes": [], "fsdp": [], "pipeline": []}
+        return {"meshes": [], "fsdp": [], "pipeline": [], "dtensor_parameters": []}
     classes = {
         "mesh": getattr(wanted["torch.distributed.device_mesh"], "DeviceMesh", None),
         "fsdp": getattr(wanted["torch.distributed.fsdp"], "FSDPModule", None),
         "pipeline": getattr(wanted["torch.distributed.pipelining.schedules"], "_PipelineSchedule", None),
+        "dtensor": getattr(wanted["torch.distributed.tensor"], "DTensor", None),
     }
     found: dict[str, list[Any]] = {kind: [] for kind in classes}
     kinds = [(kind, cls) for kind, cls in classes.items() if cls is not None]
@@ -45,7 +50,8 @@ def describe() -> dict[str, Any]:
             if issubclass(cls, wanted_cls):  # never isinstance: some objects' __instancecheck__ warns
                 found[kind].append(obj)
     return {"meshes": _meshes(found["mesh"]), "fsdp": _fsdp_units(found["fsdp"]),
-            "pipeline": [_schedule(s) for s in found["pipeline"]]}
+            "pipeline": [_schedule(s) for s in found["pipeline"]],
+            "dtensor_parameters": _dtensor_parameters(found["dtensor"])}
 
 
 def _meshes(meshes: list[Any]) -> list[dict[str, Any]]:
@@ -66,6 +72,22 @@ def _meshes(meshes: list[Any]) -> list[dict[str, Any]]:
         if not any(set(filter(None, m["groups"])) <= set(filter(None, k["groups"])) for k in kept):
             kept.append(m)
     return kept
+
+
+def _dtensor_parameters(tensors: list[Any]) -> list[dict[str, Any]]:
+    """The DTensor parameters' local sizes, by the groups they are sharded over."""
+    by_groups: dict[tuple[str, ...], list[int]] = {}
+    for t in tensors:
+        if not getattr(t, "_is_param", False):
+            continue
+        try:
+            mesh = t.device_mesh
+            sharded = tuple(str(mesh.get_group(dim).group_name) for dim, p in enumerate(t.placements) if p.is_shard())
+            nbytes = int(t.to_local().numel()) * t.element_size()
+        except Exception:  # a mesh this rank is not in, a placement of another torch
+            continue
+        by_groups.setdefault(sharded, []).append(nbytes)
+    return [{"sharded_over": list(g), "local_bytes": sorted(b)} for g, b in sorted(by_groups.items())]
 
 
 def _fsdp_units(modules: list[Any]) -> list[dict[str, Any]]:

@@ -28,6 +28,11 @@ with what the strategy's settings change.
 - ``fsdp_mesh`` of ``R×S``: each rank holds a ``1/S`` shard of the parameters, their gradients
   and the optimizer's state, against the recorded ``1/S0``: those grow by ``S0 / S``. The
   gathered units and the activations stay.
+- ``tp_mesh`` of ``DP×TP``: the parameters sharded over the tensor-parallel dimension, their
+  gradients and the optimizer's state for them, ``1/TP`` on each rank against the recorded
+  ``1/TP0``: that share of the rank's state grows by ``TP0 / TP``. The activations stay (those
+  of the split layers, the attention heads and the MLP's hidden units, grow too: an error toward
+  less memory for a smaller ``TP``).
 - ``pipeline_microbatches`` and ``pipeline_schedule``: a stage holds the activations of the
   micro-batches it has run forward and not yet backward: all ``M`` under GPipe, at most
   ``stages - stage`` under 1F1B (its warm-up). The activations the stage held when its first
@@ -64,7 +69,19 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     return max(_rank_bytes(settings, m, layout or {}, blocks) + _reshard_bytes(settings, parallelism)
                + _prefetch_bytes(settings, parallelism) + _merge_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) + _mesh_bytes(settings, m, parallelism)
+               + _tp_bytes(settings, m, parallelism, rank)
                for rank, m in memory.items())
+
+
+def _tp_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None, rank: int) -> int:
+    """What another tensor-parallel degree adds to a rank's sharded state (negative: saves)."""
+    shape = settings.get("tp_mesh")
+    if not shape or not parallelism or not parallelism.tensor_parallel or not m.parameters_bytes:
+        return 0
+    tp, recorded = int(str(shape).split("x")[1]), int(parallelism.mesh["shape"][-1])
+    share = parallelism.sharded_parameters.get(rank, 0) / m.parameters_bytes
+    state = m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
+    return round(state * share * (recorded / tp - 1))
 
 
 def _mesh_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:

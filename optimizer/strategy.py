@@ -41,6 +41,11 @@ Settings (the keys of :attr:`Strategy.settings`, those ``dpro record --apply`` s
   (``init_device_mesh(..., (R, S), mesh_dim_names=("replicate", "shard"))`` given to every
   ``fully_shard``: HSDP; ``"1xN"``: a 1-D mesh, sharded over all). The same numbers up to the
   order of the gradients' sums; ``--apply`` sets it.
+- ``tp_mesh``: ``"DPxTP"``: tensor parallel's ``(dp, tp)`` device mesh of the same ranks
+  (``init_device_mesh(..., (DP, TP), mesh_dim_names=("dp", "tp"))``, each block parallelized
+  over ``mesh["tp"]`` with the script's plan): the layers split over ``TP`` ranks, the gradients
+  averaged over ``DP``. Each replica's batch as the script reads it (the global batch changes
+  with ``DP``); a change to the script's mesh ``--apply`` cannot make.
 - ``pipeline_microbatches`` and ``pipeline_schedule`` (``gpipe`` or ``1f1b``): a
   ``torch.distributed.pipelining`` schedule's micro-batch count and kind (``ScheduleGPipe(stage,
   n_microbatches=...)`` or ``Schedule1F1B``): the same batch per step, split otherwise. Exact
@@ -71,7 +76,7 @@ __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
-            "reshard_after_forward", "fsdp_forward_prefetch", "fsdp_merge_units", "fsdp_mesh",
+            "reshard_after_forward", "fsdp_forward_prefetch", "fsdp_merge_units", "fsdp_mesh", "tp_mesh",
             "pipeline_microbatches", "pipeline_schedule")
 DEFAULT_BUCKET_CAP_MB = 25  # DistributedDataParallel's bucket_cap_mb when the script gives none
 LOSSY_HOOKS = frozenset(HOOKS)  # every hook DDP ships sends fewer bits than the gradients hold
@@ -121,6 +126,8 @@ class Strategy:
             parts.append(f"units-of-{self.settings['fsdp_merge_units']}")
         if self.settings.get("fsdp_mesh"):
             parts.append(f"mesh-{self.settings['fsdp_mesh']}")
+        if self.settings.get("tp_mesh"):
+            parts.append(f"tp-mesh-{self.settings['tp_mesh']}")
         if self.settings.get("pipeline_microbatches"):
             parts.append(f"microbatches-{self.settings['pipeline_microbatches']}")
         if self.settings.get("pipeline_schedule"):
@@ -149,7 +156,7 @@ class Strategy:
                       reshard_after_forward=self.settings.get("reshard_after_forward"),
                       forward_prefetch=self.settings.get("fsdp_forward_prefetch"),
                       merge_units=self.settings.get("fsdp_merge_units"), fsdp_mesh=self.settings.get("fsdp_mesh"),
-                      microbatches=self.settings.get("pipeline_microbatches"),
+                      tp_mesh=self.settings.get("tp_mesh"), microbatches=self.settings.get("pipeline_microbatches"),
                       schedule=self.settings.get("pipeline_schedule"))
 
     def code(self) -> list[str]:
@@ -187,6 +194,12 @@ class Strategy:
                          f"mesh = init_device_mesh(device_type, ({r}, {n}), mesh_dim_names=(\"replicate\", \"shard\"))"
                          "  # torch.distributed.device_mesh")
             lines.append("fully_shard(module, mesh=mesh)  # every unit, the root too")
+        if self.settings.get("tp_mesh"):
+            dp, tp = self.settings["tp_mesh"].split("x")
+            lines.append(f"mesh = init_device_mesh(device_type, ({dp}, {tp}), mesh_dim_names=(\"dp\", \"tp\"))"
+                         "  # torch.distributed.device_mesh")
+            lines.append("parallelize_module(block, mesh[\"tp\"], plan)  # every block, the plan as before; "
+                         "the gradients averaged over mesh[\"dp\"]")
         m, schedule = self.settings.get("pipeline_microbatches"), self.settings.get("pipeline_schedule")
         if m or schedule:
             cls = SCHEDULES.get(schedule or "", "YourSchedule")
@@ -255,6 +268,9 @@ def validate(settings: dict[str, Any]) -> None:
     shape = settings.get("fsdp_mesh")
     if shape is not None and not (isinstance(shape, str) and re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", shape)):
         raise StrategyError(f"fsdp_mesh must be REPLICATExSHARD (e.g. \"2x2\"), not {shape!r}")
+    shape = settings.get("tp_mesh")
+    if shape is not None and not (isinstance(shape, str) and re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", shape)):
+        raise StrategyError(f"tp_mesh must be DPxTP (e.g. \"4x1\"), not {shape!r}")
     m = settings.get("pipeline_microbatches")
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise StrategyError(f"pipeline_microbatches must be a positive number of micro-batches, not {m!r}")

@@ -25,7 +25,7 @@ __all__ = ["Interval", "interval", "intervals_source", "families_of"]
 
 KEPT_AS_RECORDED = ("gradient_as_bucket_view", "static_graph")  # the cost model keeps the step as recorded
 UNSCORED = ("activation_checkpointing", "torch_compile", "reshard_after_forward", "fsdp_forward_prefetch",
-            "fsdp_merge_units", "fsdp_mesh", "pipeline_microbatches", "pipeline_schedule")  # no held-out case in the intervals' table
+            "fsdp_merge_units", "fsdp_mesh", "tp_mesh", "pipeline_microbatches", "pipeline_schedule")  # no held-out case in the intervals' table
 LOWEST_ERROR = -0.9  # a sum of errors below this would stand for an unbounded step
 
 

@@ -357,6 +357,11 @@ class WhatIf:
         into_done = edges[edges["dst"].isin(c["done"]) & (edges["kind"] == "arrive")]["src"].to_numpy(np.int64)
         return np.unique(into_done[self.graph.nodes["kind"].to_numpy()[into_done] != "transfer"])
 
+    def issuers(self) -> dict[int, int]:
+        """Each collective arrival's issuing op (the call that enqueued it, or launched its kernel)."""
+        issue = self.edges[self.edges["kind"].isin(ISSUE_EDGES)]
+        return dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
+
     def reissue(self, coll: str, occurrence: int, issuers: dict[int, int]) -> bool:
         """Collective ``coll``'s ``occurrence`` issued on each rank by another op (``issuers``:
         rank -> node id), e.g. a bucket whose last gradient is now ready earlier: the edge from the

@@ -12,7 +12,11 @@ import pandas as pd
 import pytest
 
 from dpro.analysis import RunAnalysis
-from dpro.analysis import fsdp
+from dpro.analysis import fsdp, tensor_parallel
+from dpro.analysis.memory import rank_memory
+from dpro.analysis.whatif import CostModel
+from dpro.optimizer.memory import _tp_bytes
+from dpro.optimizer.passes.tensor_parallel import tp_mesh as tp_mesh_pass
 from dpro.analysis.fsdp import _backward_all_gathers
 from dpro.graph.collective_log import label
 from dpro.graph.matching import pair_p2p
@@ -38,6 +42,12 @@ def _record(tmp_path_factory, form: str, ranks: int, *extra: str) -> Path:
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory) -> Path:
     return _record(tmp_path_factory, "tp", 4, "--tp", "2")
+
+
+@pytest.fixture(scope="module")
+def tp_flat_run(tmp_path_factory) -> Path:
+    """The tensor-parallel example on a 4×1 mesh: data parallel over all 4, no layer split."""
+    return _record(tmp_path_factory, "tp", 4, "--tp", "1")
 
 
 @pytest.fixture(scope="module")
@@ -357,6 +367,67 @@ def test_fsdp_changes_compose_on_a_resharded_job(deep_fsdp_run: Path) -> None:
     assert both["fsdp_prefetch"]["moved_all_gathers"] == 2, "the groups' gathers, by the root and the first group"
 
 
+def test_a_2x2_tensor_parallel_job_asked_as_4x1_sends_what_the_4x1_job_sent(tp_run: Path, tp_flat_run: Path) -> None:
+    source, target = RunAnalysis.open(tp_run), RunAnalysis.open(tp_flat_run)
+    layout = tensor_parallel.layout(source)
+    assert (layout.dp, layout.tp) == (2, 2) and all(layout.sharded_sizes.values())
+    w = CostModel(source).what_if()
+    details = tensor_parallel.tp_mesh(w, source, "4x1")
+    table = w.graph.collectives
+    tp_groups, dp_groups = set(layout.tp_groups.values()), set(layout.dp_groups.values())
+    assert details["tp_calls_dropped"] == table["group"].isin(tp_groups).sum() > 0
+    assert {(c, k) for c, k, g in zip(table["coll"], table["occurrence"], table["group"]) if g in tp_groups} <= w.dropped
+    # each gradient all-reduce of a parameter sharded over tp carries the whole parameter: the
+    # bytes the 4x1 job's all-reduces really carried
+    gradients = [w.collective_bytes(c, k) for c, k, g in zip(table["coll"], table["occurrence"], table["group"])
+                 if g in dp_groups]
+    sent = target.graph.collectives
+    assert details["gradient_calls_resized"] == sum(len(b) for b in layout.sharded_sizes.values()) // 2
+    assert sum(gradients) / len(dp_groups) == pytest.approx(sent["bytes"].sum())
+    assert sorted(gradients)[::len(dp_groups)] == sorted(sent["bytes"])
+    # the layers' split ops run the whole layer, the replicated ones as they were
+    recorded = source.graph.nodes["dur_ns"].to_numpy(float)
+    names = source.graph.nodes["name"].astype(str)
+    sharded = tensor_parallel._sharded_ops(CostModel(source).what_if(), layout,
+                                           [(c, k) for c, k, g in zip(table["coll"], table["occurrence"],
+                                                                      table["group"]) if g in tp_groups])
+    assert set(names[sharded]) >= {"aten::scaled_dot_product_attention", "aten::gelu"}
+    assert not set(names[sharded]) & {"aten::layer_norm", "aten::embedding", "aten::cross_entropy_loss"}
+    assert np.allclose(w.durations[sharded], 2 * recorded[sharded])
+    kept = names.isin(["aten::layer_norm", "aten::embedding"]).to_numpy()
+    assert kept.any() and np.allclose(w.durations[kept], recorded[kept])
+    # the optimizer proposes the other shapes; 4x1's parameters, gradients and optimizer state
+    # are what the 4x1 job held
+    assert tp_mesh_pass(source).settings == [{"tp_mesh": "4x1"}, {"tp_mesh": "1x4"}]
+    held = {r: m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
+            for r, m in rank_memory(source).items()}
+    grown = {r: held[r] + _tp_bytes({"tp_mesh": "4x1"}, m, source.parallelism, r)
+             for r, m in rank_memory(source).items()}
+    for r, m in rank_memory(target).items():
+        assert grown[r] == pytest.approx(m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes, rel=0.01)
+        assert grown[r] > 1.4 * held[r]
+
+
+def test_a_2x2_tensor_parallel_job_asked_as_1x4_splits_over_4_and_drops_the_gradients_all_reduce(tp_run: Path) -> None:
+    ran = dpro("whatif", tp_run, "--tp-mesh", "1x4", "--json")
+    assert ran.returncode == 0, ran.stderr
+    details = json.loads(ran.stdout)["tp_mesh"]
+    table = RunAnalysis.open(tp_run).graph.collectives
+    layout = tensor_parallel.layout(RunAnalysis.open(tp_run))
+    assert details["dp_calls_dropped"] == table["group"].isin(set(layout.dp_groups.values())).sum() > 0
+    assert details["tp_links"] == "intra" and details["dp_links"] is None and details["sharded_ops"] > 0
+    shown = dpro("whatif", tp_run, "--tp-mesh", "1x4")
+    assert "tp: mesh 2x2 -> 1x4" in shown.stdout and "gradient all-reduces dropped" in shown.stdout
+
+
+def test_the_tp_mesh_whatif_says_where_it_does_not_apply(tp_run: Path, tp_flat_run: Path, fsdp_run: Path) -> None:
+    assert_one_line_error(dpro("whatif", tp_run, "--tp-mesh", "2x"), "--tp-mesh takes DPxTP")
+    assert_one_line_error(dpro("whatif", tp_run, "--tp-mesh", "2x1"), "2 ranks", "runs on 4")
+    assert_one_line_error(dpro("whatif", tp_flat_run, "--tp-mesh", "2x2"), "adds tensor parallel", "4x1")
+    assert_one_line_error(dpro("whatif", fsdp_run, "--tp-mesh", "1x2"), "tensor-parallel jobs", "FSDP2")
+    assert_one_line_error(dpro("whatif", tp_run, "--fsdp-mesh", "1x4"), "--fsdp-mesh", "no fully_shard unit")
+
+
 def test_whatif_says_which_changes_do_not_apply_to_these_jobs(fsdp_run: Path, pp_run: Path) -> None:
     for run, option in ((fsdp_run, ["--bucket-cap-mb", "1"]), (fsdp_run, ["--world-size", "4"]),
                         (pp_run, ["--accumulate", "2"])):
@@ -464,12 +535,24 @@ def test_sends_pair_by_peer_and_order() -> None:
 
 
 def test_an_op_that_sat_waiting_for_a_transfer_is_cut_at_the_wait() -> None:
-    op = pd.DataFrame({"name": ["Forward 0"], "start_ns": [0], "dur_ns": [10_000_000]})
-    nested = pd.DataFrame({"start_ns": [100_000, 8_000_000], "dur_ns": [50_000, 1_000_000]})
+    op = pd.DataFrame({"name": ["Forward 0"], "start_ns": [0], "dur_ns": [10_000_000], "resumed_after": [-1]})
+    nested = pd.DataFrame({"name": ["aten::mm", "aten::mm"], "start_ns": [100_000, 8_000_000],
+                           "dur_ns": [50_000, 1_000_000]})
     cut = _split_at_waits(op, nested, np.array([7_900_000]))
     assert list(cut["start_ns"]) == [0, 8_000_000] and list(cut["dur_ns"]) == [150_000, 2_000_000]
-    busy = pd.DataFrame({"start_ns": [100_000, 7_800_000], "dur_ns": [7_650_000, 1_000_000]})
+    assert list(cut["resumed_after"]) == [-1, 7_900_000], "the tail is the transfer's waiter"
+    busy = nested.assign(start_ns=[100_000, 7_800_000], dur_ns=[7_650_000, 1_000_000])
     assert len(_split_at_waits(op, busy, np.array([7_900_000]))) == 1, "no idle stretch before the end: no wait"
+    # a functional collective's wait_tensor is the wait, not work: an op that waited first starts
+    # after it, and one that waited to its end leaves an empty tail for the transfer's waiter
+    waited_first = pd.DataFrame({"name": ["_c10d_functional::wait_tensor", "aten::add"],
+                                 "start_ns": [10_000, 7_950_000], "dur_ns": [7_930_000, 50_000]})
+    cut = _split_at_waits(op, waited_first, np.array([7_900_000]))
+    assert list(cut["start_ns"]) == [7_950_000] and list(cut["resumed_after"]) == [7_900_000]
+    waited_last = pd.DataFrame({"name": ["aten::mm", "_c10d_functional::wait_tensor"],
+                                "start_ns": [0, 1_000_000], "dur_ns": [1_000_000, 8_990_000]})
+    cut = _split_at_waits(op, waited_last, np.array([9_900_000]))
+    assert list(cut["start_ns"]) == [0, 10_000_000] and list(cut["dur_ns"]) == [1_000_000, 0]
 
 
 def test_the_dashboard_labels_each_lane_with_its_mesh_coordinate(browser, tp_run: Path) -> None:

@@ -39,10 +39,10 @@ import numpy as np
 from dpro.graph.dataflow import DataflowGraph
 from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
-from dpro.replayer.cost import link_class
 from dpro.replayer.linkmodel import wire_rates
-from dpro.replayer.whatif import ISSUE_EDGES, WhatIf, WhatIfError
+from dpro.replayer.whatif import WhatIf, WhatIfError
 
+from dpro.analysis.mesh_groups import crossed, regroup_over
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["forward_prefetch", "merge_units", "mesh", "parse_mesh", "recorded_mesh", "reshard"]
@@ -222,28 +222,15 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     else:
         for call in all_reduces:
             w.set_collective_bytes(*call, w.collective_bytes(*call) * was[1] / shard)
-    shard_link = _crossed(w, [range(k, k + shard) for k in range(0, world, shard)])
-    replica_link = _crossed(w, [range(k, world, shard) for k in range(shard)])
+    shard_link = crossed(w, [range(k, k + shard) for k in range(0, world, shard)])
+    replica_link = crossed(w, [range(k, world, shard) for k in range(shard)])
     wires = wire_rates(analysis.calibrations, analysis.hosts)
-    for dim_calls, size, new_link in ((sharded, shard, shard_link), (all_reduces if replicate > 1 else [], replicate,
-                                                                     replica_link)):
-        by_link: dict[str, list[Gather]] = {}
-        for call in dim_calls:
-            by_link.setdefault(link_class(w.graph, list(w._collective(*call)["ranks"])), []).append(call)
-        for old_link, mine in by_link.items():
-            rate = 1.0 if old_link == new_link else (
-                wires[new_link] / wires[old_link] if new_link in wires and old_link in wires else None)
-            w.regroup(mine, size, new_link, rate)
+    regroup_over(w, sharded, shard, shard_link, wires)
+    if replicate > 1:
+        regroup_over(w, all_reduces, replicate, replica_link, wires)
     return {**details, "shard_links": shard_link if shard > 1 else None,
             "replicate_links": replica_link if replicate > 1 else None, "all_reduces_added": added,
             "all_reduces_dropped": len(all_reduces) if replicate == 1 else 0}
-
-
-def _crossed(w: WhatIf, groups: list[range]) -> str:
-    """``inter`` where any of ``groups`` (of ranks) spans hosts, else ``intra``: the recorded
-    ranks of a call stand for every group, and still wait for one another, so the slowest sets
-    the step."""
-    return "inter" if any(link_class(w.graph, list(g)) == "inter" for g in groups) else "intra"
 
 
 def _fsdp_issued(w: WhatIf) -> set[Gather]:
@@ -253,7 +240,7 @@ def _fsdp_issued(w: WhatIf) -> set[Gather]:
     if "hooks" not in nodes:
         return set()
     hooks = nodes["hooks"].astype(object).fillna("").astype(str).to_numpy()
-    issuer_of = _issuer_of(w)
+    issuer_of = w.issuers()
     found = set()
     for _, c in w.graph.collectives.iterrows():
         issuers = [issuer_of.get(int(a)) for a in w._arrivals(c)]
@@ -261,12 +248,6 @@ def _fsdp_issued(w: WhatIf) -> set[Gather]:
                for v in issuers):
             found.add((str(c["coll"]), int(c["occurrence"])))
     return found
-
-
-def _issuer_of(w: WhatIf) -> dict[int, int]:
-    """Each collective arrival's issuing op (the call that enqueued it, or launched its kernel)."""
-    issue = w.edges[w.edges["kind"].isin(ISSUE_EDGES)]
-    return dict(zip(issue["dst"].astype(int), issue["src"].astype(int)))
 
 
 def _replicate_groups(analysis: RunAnalysis) -> set[str]:
@@ -307,7 +288,7 @@ def _calls_by_unit(w: WhatIf, groups: set[str]) -> dict[str, dict[str, Gather]]:
     if "hooks" not in nodes:
         return found
     hooks = nodes["hooks"].astype(object).fillna("").astype(str)
-    issuer_of = _issuer_of(w)
+    issuer_of = w.issuers()
     offsets = nodes["offset_ns"].to_numpy()
     issued: dict[int, list[tuple[float, bool, Gather]]] = {}  # op -> (when, an all-gather, which)
     for row in w.graph.collectives.itertuples():

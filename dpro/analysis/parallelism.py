@@ -21,7 +21,8 @@ class Parallelism:
     """``groups``: process group name -> its description and ranks (every rank's view merged);
     ``mesh``: the largest device mesh (``shape``, ``dim_names``, ``groups``) or None; ``fsdp``:
     rank 0's FSDP units; ``pipeline``: rank 0's schedule or None; ``stages``: each rank's
-    pipeline stage (ranks with one stage only)."""
+    pipeline stage (ranks with one stage only); ``sharded_parameters``: each rank's bytes of
+    DTensor parameters sharded over a mesh dimension (tensor parallel's; FSDP2's too)."""
 
     world_size: int
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -29,6 +30,7 @@ class Parallelism:
     fsdp: list[dict[str, Any]] = field(default_factory=list)
     pipeline: dict[str, Any] | None = None
     stages: dict[int, int] = field(default_factory=dict)
+    sharded_parameters: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, metas: dict[int, dict[str, Any]]) -> Parallelism:
@@ -43,7 +45,8 @@ class Parallelism:
         pipelines = parallel.get("pipeline") or []
         return cls(world_size=int(first.get("world_size") or len(metas) or 1), groups=groups,
                    mesh=meshes[0] if meshes else None, fsdp=list(parallel.get("fsdp") or []),
-                   pipeline=pipelines[0] if pipelines else None, stages=_stages(metas))
+                   pipeline=pipelines[0] if pipelines else None, stages=_stages(metas),
+                   sharded_parameters=_sharded_parameters(metas))
 
     @property
     def data_parallel_only(self) -> bool:
@@ -121,6 +124,16 @@ class Parallelism:
             p = self.pipeline
             parts.append(f"pipeline {p['schedule']}: {p['num_stages']} stages, {p['microbatches']} micro-batches")
         return "; ".join(parts) or f"data parallel over {self.world_size} ranks"
+
+
+def _sharded_parameters(metas: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """Each rank's local bytes of DTensor parameters sharded over some mesh dimension."""
+    found = {}
+    for rank, meta in metas.items():
+        parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
+        found[int(rank)] = sum(int(b) for p in parallel.get("dtensor_parameters") or [] if p.get("sharded_over")
+                               for b in p.get("local_bytes") or [])
+    return found
 
 
 def _stages(metas: dict[int, dict[str, Any]]) -> dict[int, int]:

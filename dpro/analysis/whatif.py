@@ -87,7 +87,7 @@ from dpro.replayer.whatif import WhatIf, WhatIfError
 
 from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, FSDP_EVENT_PREFIX, cpu_ops,
                                    forward_marks, once_per_rank, top_level, view_op_ns)
-from dpro.analysis import fsdp
+from dpro.analysis import fsdp, tensor_parallel
 from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.stages import fixed_shares, stage_costs
@@ -117,6 +117,7 @@ class Change:
     forward_prefetch: int | None = None  # FSDP2's: each unit's forward all-gather issued this many units ahead
     merge_units: int | None = None  # FSDP2's units (the root apart) wrapped this many as one
     fsdp_mesh: str | None = None  # FSDP2's (replicate, shard) mesh of the same ranks, "RxS" (HSDP)
+    tp_mesh: str | None = None  # tensor parallel's (dp, tp) mesh of the same ranks, "DPxTP"
     microbatches: int | None = None  # a pipeline's, the same batch per step
     schedule: str | None = None  # a pipeline's: gpipe | 1f1b
     microbatch_run: str | None = None  # a recording of the same pipeline at another micro-batch count
@@ -212,6 +213,8 @@ class Prediction:
             details["fsdp_units"] = fsdp.merge_units(w, analysis, change.merge_units)
         if change.fsdp_mesh is not None:  # before the reshard: a gather it adds is timed as changed
             details["fsdp_mesh"] = fsdp.mesh(w, analysis, change.fsdp_mesh)
+        if change.tp_mesh is not None:
+            details["tp_mesh"] = tensor_parallel.tp_mesh(w, analysis, change.tp_mesh)
         if change.reshard_after_forward is not None:
             details["fsdp"] = fsdp.reshard(w, analysis, change.reshard_after_forward)
         if change.forward_prefetch is not None:
@@ -487,7 +490,7 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     if asked:
         raise DproError(f"{', '.join(asked)} models a data-parallel job; this job is {parallelism.describe()}: "
                         "only --bandwidth-scale and, for FSDP, --[no-]reshard-after-forward, --forward-prefetch, "
-                        "--merge-units and --fsdp-mesh, for a pipeline, "
+                        "--merge-units and --fsdp-mesh, for tensor parallel, --tp-mesh, for a pipeline, "
                         "--microbatches and --schedule apply to it")
 
 

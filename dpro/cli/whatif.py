@@ -55,6 +55,9 @@ class Compression(click.ParamType):
 @click.option("--fsdp-mesh", metavar="RxS",
               help="FSDP2 over a (replicate, shard) mesh of the same ranks: sharded over S consecutive ranks, "
                    "replicated over R (HSDP, e.g. 2x2; 1xN: sharded over all).")
+@click.option("--tp-mesh", metavar="DPxTP",
+              help="Tensor parallel on a (dp, tp) mesh of the same ranks: layers split over TP consecutive ranks, "
+                   "data parallel over DP (e.g. 4x1, 2x2, 1x4; each replica's batch as recorded).")
 @click.option("--microbatches", type=click.IntRange(min=1), metavar="M",
               help="Pipeline: the step's batch in M micro-batches (the same batch per step).")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]),
@@ -68,7 +71,7 @@ class Compression(click.ParamType):
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
            accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, reshard_after_forward: bool | None,
-           forward_prefetch: int | None, merge_units: int | None, fsdp_mesh: str | None, microbatches: int | None, schedule: str | None, microbatch_run: str | None, no_interference: bool, as_json: bool,
+           forward_prefetch: int | None, merge_units: int | None, fsdp_mesh: str | None, tp_mesh: str | None, microbatches: int | None, schedule: str | None, microbatch_run: str | None, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -79,15 +82,19 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
         from dpro.analysis.fsdp import parse_mesh
 
         parse_mesh(fsdp_mesh)  # a one-line error before the run is read
+    if tp_mesh is not None:
+        from dpro.analysis.tensor_parallel import parse_tp_mesh
+
+        parse_tp_mesh(tp_mesh)
     change = Change(bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb, bandwidth_scale=bandwidth_scale,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
                     fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward,
-                    forward_prefetch=forward_prefetch, merge_units=merge_units, fsdp_mesh=fsdp_mesh,
+                    forward_prefetch=forward_prefetch, merge_units=merge_units, fsdp_mesh=fsdp_mesh, tp_mesh=tp_mesh,
                     microbatches=microbatches, schedule=schedule, microbatch_run=microbatch_run)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
                                "--compress, --accumulate, --fuse-ops, --world-size, --[no-]reshard-after-forward, --forward-prefetch, --merge-units, "
-                               "--fsdp-mesh, --microbatches or --schedule")
+                               "--fsdp-mesh, --tp-mesh, --microbatches or --schedule")
     result = predict(open_analysis(run, scheduler, workers), change, interference=not no_interference)
     if as_json:
         click.echo(json.dumps(result, indent=1))
@@ -136,6 +143,15 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
                    + (f", each shard's all-reduce over {mesh['replicate_links']}-host links" if mesh["replicate_links"]
                       else ", no all-reduce over replicas")
                    + f" ({mesh['all_reduces_added']} added, {mesh['all_reduces_dropped']} dropped)")
+    tp = result.get("tp_mesh")
+    if tp and "note" not in tp:
+        click.echo(f"tp: mesh {tp['recorded']} -> {tp['tp_mesh']} (dp x tp): {tp['sharded_ops']} ops in tensor-parallel "
+                   "regions re-timed for their share of the layer, "
+                   + (f"tensor-parallel calls over {tp['tp_links']}-host links" if tp["tp_links"]
+                      else f"{tp['tp_calls_dropped']} tensor-parallel calls dropped")
+                   + (f", gradients' all-reduces over {tp['dp_links']}-host links ({tp['gradient_calls_resized']} "
+                      "of sharded parameters resized)" if tp["dp_links"]
+                      else f", {tp['dp_calls_dropped']} gradient all-reduces dropped"))
     slowdown = result["interference"]
     click.echo("interference: " + ("none" if slowdown is None else
                                    f"compute {100 * slowdown['compute']:+.0f}% beside communication, communication "

@@ -1,0 +1,198 @@
+"""Tensor parallel's mesh shape as a graph edit (``dpro whatif --tp-mesh DPxTP``).
+
+A job on a ``(dp, tp)`` device mesh (``init_device_mesh``'s layout: a tensor-parallel group is
+``tp`` consecutive ranks), its layers split over ``tp`` with DTensor (``parallelize_module``'s
+column- and row-wise styles) and its gradients averaged over ``dp``, asked on another shape of the
+same ranks (4 ranks as ``2x2``, ``4x1`` or ``1x4``). Each data-parallel replica reads the same
+batch as recorded (the script's batch size is per replica).
+
+- **Tensor-parallel calls** (those of the mesh's ``tp`` groups): over ``tp`` consecutive ranks,
+  of the same bytes (an activation's all-reduce does not depend on the degree); not made for
+  ``tp = 1``.
+- **Tensor-parallel compute**: each rank's ops from where a value enters DTensor
+  (``_FromTorchTensor`` in the forward pass; a gradient's ``_ToTorchTensorBackward`` in the
+  backward) up to the op that issues the ``tp`` group's next call run on ``1/tp`` of the layer:
+  their time times ``tp0/tp``. The ops outside (norms, embeddings, the loss, residual adds) are
+  replicated and keep their time; the optimizer's step scales with this rank's parameter bytes.
+- **Data-parallel calls** (the ``dp`` groups'): over the ``dp`` ranks of a column of the mesh;
+  a call the size of a parameter sharded over ``tp`` carries ``tp0/tp`` times its bytes (of the
+  calls of each size, as many as the run has parameters of that size sharded; the others, of
+  replicated parameters, keep theirs); not made for ``dp = 1``. Each call over the links its new
+  group crosses (the rule of :func:`dpro.analysis.fsdp.mesh`).
+
+Modelled from a recording with tensor parallel (``tp0 >= 2``: its calls and sharded ops are what
+is scaled) and, for ``dp > 1``, with data parallel (its all-reduces are what is regrouped).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.replayer.linkmodel import wire_rates
+from dpro.replayer.whatif import WhatIf, WhatIfError
+
+from dpro.analysis.mesh_groups import crossed, regroup_over
+from dpro.analysis.run import RunAnalysis
+
+__all__ = ["TPLayout", "layout", "parse_tp_mesh", "tp_mesh"]
+
+ENTRIES = ("_FromTorchTensor", f"{BACKWARD_EVENT_PREFIX}: _ToTorchTensorBackward")
+"""The ops where a value enters DTensor: a tensor-parallel region starts there (torch 2.13's names)."""
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+
+Call = tuple[str, int]  # a collective's name and occurrence
+
+
+@dataclass(frozen=True)
+class TPLayout:
+    """A recorded ``(dp, tp)`` mesh: its shape, each rank's group in each dimension, and each
+    rank's parameter bytes (``parameters``) of which ``sharded`` are sharded over ``tp``
+    (``sharded_sizes``: each such parameter's local bytes)."""
+
+    dp: int
+    tp: int
+    dp_groups: dict[int, str]
+    tp_groups: dict[int, str]
+    parameters: dict[int, int]
+    sharded_sizes: dict[int, list[int]]
+
+    def parameter_ratio(self, rank: int, tp: int) -> float:
+        """The rank's parameter bytes at tensor-parallel degree ``tp`` over the recorded."""
+        total, sharded = self.parameters.get(rank, 0), sum(self.sharded_sizes.get(rank, []))
+        return (total - sharded + sharded * self.tp / tp) / total if total > 0 else 1.0
+
+
+def parse_tp_mesh(text: str) -> tuple[int, int]:
+    """``"2x2"`` (or ``2×2``) as ``(dp, tp)``; a one-line error otherwise."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*[x×]\s*([0-9]+)\s*", text.lower(), re.ASCII)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise WhatIfError(f"--tp-mesh takes DPxTP (e.g. 4x1, 2x2, 1x4), not {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def layout(analysis: RunAnalysis, flag: str = "--tp-mesh") -> TPLayout:
+    """The job's ``(dp, tp)`` mesh; a one-line error where the job is not tensor parallel on one."""
+    parallelism = analysis.parallelism
+    if not parallelism.tensor_parallel:
+        raise WhatIfError(f"{flag} applies to tensor-parallel jobs on a (dp, tp) device mesh; this job is "
+                          f"{parallelism.describe()}")
+    if parallelism.fsdp or parallelism.pipeline is not None:
+        raise WhatIfError(f"{flag} is modelled for tensor parallel with data parallel by all-reduce; this job is "
+                          f"{parallelism.describe()}")
+    shape = list(parallelism.mesh["shape"])
+    dp_groups, tp_groups, parameters, sharded = {}, {}, {}, {}
+    for rank, meta in sorted(analysis.metas.items()):
+        parallel = meta.get("parallel") or {}
+        meshes = [m for m in parallel.get("meshes") or [] if list(m.get("shape") or []) == shape]
+        names = meshes[0].get("groups") if meshes else None
+        if not names or len(names) != 2 or None in names:
+            raise WhatIfError(f"{flag} is modelled on a 2-D (dp, tp) mesh; rank {rank}'s mesh is "
+                              f"{'×'.join(map(str, shape))} with groups {names}")
+        params = parallel.get("dtensor_parameters")
+        if params is None:
+            raise WhatIfError(f"{flag} needs the DTensor parameters in the run's metadata (recorded by a newer "
+                              "dpro record); record the job again")
+        if any(set(p.get("sharded_over") or []) - {names[1]} for p in params):
+            raise WhatIfError(f"{flag} is modelled with parameters sharded over the mesh's last (tp) dimension; "
+                              f"rank {rank}'s are sharded over another")
+        dp_groups[rank], tp_groups[rank] = str(names[0]), str(names[1])
+        parameters[rank] = int((meta.get("memory") or {}).get("parameters_bytes") or 0)
+        sharded[rank] = [int(b) for p in params if p.get("sharded_over") for b in p.get("local_bytes") or []]
+    if not any(sharded.values()):
+        raise WhatIfError(f"{flag}: no parameter of this job is sharded over its tp dimension")
+    return TPLayout(int(shape[0]), int(shape[1]), dp_groups, tp_groups, parameters, sharded)
+
+
+def tp_mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
+    """The job on a ``(dp, tp)`` mesh of the same ranks (see the module docstring)."""
+    was = layout(analysis)
+    dp, tp = parse_tp_mesh(shape)
+    world = was.dp * was.tp
+    details: dict[str, Any] = {"tp_mesh": f"{dp}x{tp}", "recorded": f"{was.dp}x{was.tp}"}
+    if dp * tp != world:
+        raise WhatIfError(f"--tp-mesh {dp}x{tp} has {dp * tp} ranks; the job runs on {world} (the mesh changes its "
+                          "shape, not its size)")
+    if (dp, tp) == (was.dp, was.tp):
+        return {**details, "note": "as recorded"}
+    if was.tp == 1:
+        raise WhatIfError(f"--tp-mesh {dp}x{tp} adds tensor parallel to a job recorded without it ({was.dp}x1): there "
+                          "are no tensor-parallel calls or sharded ops to model it from")
+    if was.dp == 1 and dp > 1:
+        raise WhatIfError(f"--tp-mesh {dp}x{tp} adds data parallel to a job recorded without it ({was.dp}x{was.tp}): "
+                          "there is no gradient all-reduce to model it from")
+    calls = [(str(r.coll), int(r.occurrence), str(r.group)) for r in w.graph.collectives.itertuples()
+             if (str(r.coll), int(r.occurrence)) not in w.dropped]
+    tp_calls = [(c, k) for c, k, g in calls if g in set(was.tp_groups.values())]
+    dp_calls = [(c, k) for c, k, g in calls if g in set(was.dp_groups.values())]
+    if not tp_calls:
+        raise WhatIfError("the tensor-parallel groups' collectives were not found in this run's graph")
+    sharded = _sharded_ops(w, was, tp_calls)
+    w.durations[sharded] *= was.tp / tp
+    step = w.select(name=OPTIMIZER_STEP.pattern, kind="cpu")
+    ranks = w.graph.nodes["rank"].to_numpy()
+    for v in step:
+        w.durations[v] *= was.parameter_ratio(int(ranks[v]), tp)
+    resized = _resize_gradients(w, was, dp_calls, tp)
+    tp_link = crossed(w, [range(k, k + tp) for k in range(0, world, tp)])
+    dp_link = crossed(w, [range(k, world, tp) for k in range(tp)])
+    wires = wire_rates(analysis.calibrations, analysis.hosts)
+    for mine, size, new_link in ((tp_calls, tp, tp_link), (dp_calls, dp, dp_link)):
+        if size > 1:
+            regroup_over(w, mine, size, new_link, wires)
+            continue
+        for call in mine:
+            w.drop_collective(*call)
+    return {**details, "sharded_ops": int(len(sharded)), "gradient_calls_resized": resized,
+            "tp_links": tp_link if tp > 1 else None, "dp_links": dp_link if dp > 1 else None,
+            "tp_calls_dropped": len(tp_calls) if tp == 1 else 0, "dp_calls_dropped": len(dp_calls) if dp == 1 else 0}
+
+
+def _sharded_ops(w: WhatIf, was: TPLayout, tp_calls: list[Call]) -> np.ndarray:
+    """Each rank's ops inside a tensor-parallel region: from an op where a value enters DTensor
+    (:data:`ENTRIES`) to the next op on its thread that issues a ``tp`` call (not included)."""
+    issuer_of = w.issuers()
+    issuing = {issuer_of[int(a)] for call in tp_calls for a in w._arrivals(w._collective(*call))
+               if int(a) in issuer_of}
+    nodes = w.graph.nodes
+    cpu = nodes[(nodes["kind"] == "cpu").to_numpy()]
+    names = cpu["name"].astype(str)
+    entry = names.isin(ENTRIES).to_numpy()
+    found = []
+    for _, thread in cpu.assign(entry=entry).sort_values("offset_ns", kind="stable").groupby("resource",
+                                                                                            observed=True):
+        inside = False
+        for v, is_entry in zip(thread.index, thread["entry"]):
+            if int(v) in issuing:
+                inside = False
+            elif is_entry:
+                inside = True
+            if inside:
+                found.append(int(v))
+    return np.asarray(found, np.int64)
+
+
+def _resize_gradients(w: WhatIf, was: TPLayout, dp_calls: list[Call], tp: int) -> int:
+    """The data-parallel calls of sharded parameters' gradients at ``tp0/tp`` times their bytes:
+    on each rank's group, of the calls of each size, as many as the rank has sharded parameters of
+    that size (the first ones). How many calls were resized."""
+    resized = 0
+    by_group: dict[str, list[Call]] = {}
+    for call in dp_calls:
+        by_group.setdefault(str(w._collective(*call)["group"]), []).append(call)
+    for rank, group in sorted(was.dp_groups.items()):
+        mine = by_group.pop(group, [])
+        left = Counter(was.sharded_sizes.get(rank, []))
+        for call in mine:
+            nbytes = int(round(w.collective_bytes(*call)))
+            if left[nbytes] > 0:
+                left[nbytes] -= 1
+                w.set_collective_bytes(*call, nbytes * was.tp / tp)
+                resized += 1
+    return resized
+
