@@ -12,6 +12,12 @@ forms (``benchmarks/testbed/job.py --form``):
 - **FSDP2 on 4 ranks** (2 a host), each layer a unit, recorded sharded over all 4 (a ``1x4``
   mesh) and as HSDP (``2x2``: sharded within a host, replicated across); each predicts the
   other (``--fsdp-mesh``: step time, and the memory peak against the other's recorded one);
+- **tensor parallel on 4 ranks** (2 a host), each layer split over a ``tp`` group of consecutive
+  ranks (within a host) and the gradients all-reduced over ``dp`` (across hosts), recorded as
+  ``2x2`` (``dp x tp``); its targets ``4x1`` (no split, data parallel over all 4) and ``1x4``
+  (split over all 4, across hosts; no data parallel) (``--tp-mesh``: step time, and the memory
+  peak against the target's recorded one). The emulated layer splits ideally (``1/T`` of its
+  held time, as the what-if assumes): what is scored is the calls' regrouping and resizing;
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
   8 and 2 micro-batches (``--microbatches``; 8 also from the pair of the 4 and 2 micro-batch
   recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
@@ -31,7 +37,9 @@ most half of no change's error wherever the true change is >= 10%; the memory es
 ``--examples``: the bundled example jobs (``examples/train_parallel.py``: FSDP2 on 2 ranks, tensor
 parallel with data parallel on a 2×2 mesh, a 2-stage pipeline), real models on the CPU over
 loopback, measured the same way (interleaved, repeated) and recorded once each: their replay as
-recorded is scored against their own noise floor (goal: within it + 5%).
+recorded is scored against their own noise floor (goal: within it + 5%), and so is the 2×2
+tensor-parallel job asked as ``4x1`` and ``1x4`` (``--tp-mesh``) against those jobs, measured
+beside them.
 
 Seeds: :data:`TUNING_SEED` was looked at while the model was shaped; a scoring seed is given
 with ``--seed`` once the model is committed, used once, and the output names the commit and the
@@ -68,6 +76,11 @@ EXAMPLE = str(frozen.ROOT / "examples" / "train_parallel.py")
 EXAMPLES = (LocalJob("example-fsdp", (EXAMPLE, "--form", "fsdp", "--steps", "30"), 2),
             LocalJob("example-tp", (EXAMPLE, "--form", "tp", "--tp", "2", "--steps", "30"), 4),
             LocalJob("example-pp", (EXAMPLE, "--form", "pp", "--microbatches", "4", "--steps", "30"), 2))
+EXAMPLE_TARGETS = (LocalJob("example-tp-4x1", (EXAMPLE, "--form", "tp", "--tp", "1", "--steps", "30"), 4),
+                   LocalJob("example-tp-1x4", (EXAMPLE, "--form", "tp", "--tp", "4", "--steps", "30"), 4))
+EXAMPLE_CASES = (("example-tp", "example-tp-4x1", {"tp_mesh": "4x1"}),
+                 ("example-tp", "example-tp-1x4", {"tp_mesh": "1x4"}))
+"""What-ifs on the example jobs: (source, target, change), the targets measured beside the sources."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +100,14 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
     pp = Config(f"{tag}-pp", job, RATE_MBIT, form="pp")
     flat = Config(f"{tag}-fsdp4", job, RATE_MBIT, form="fsdp", ranks_per_host=2)
     hsdp = flat.but(f"{tag}-hsdp", replicate=2)
+    tp = Config(f"{tag}-tp", job, RATE_MBIT, form="tp", ranks_per_host=2, tp=2)
     configs = [fsdp, pp, flat, hsdp, fsdp.but(f"{tag}-fsdp-noreshard", reshard=False),
                fsdp.but(f"{tag}-fsdp-2x", rate_mbit=2 * RATE_MBIT), fsdp.but(f"{tag}-fsdp-prefetch", forward_prefetch=1),
                fsdp.but(f"{tag}-fsdp-units2", layers_per_unit=2),
                pp.but(f"{tag}-pp-half", rate_mbit=RATE_MBIT // 2),
                pp.but(f"{tag}-pp-8mb", microbatches=8), pp.but(f"{tag}-pp-2mb", microbatches=2),
-               pp.but(f"{tag}-pp-1f1b", schedule="1f1b")]
+               pp.but(f"{tag}-pp-1f1b", schedule="1f1b"), tp, tp.but(f"{tag}-tp-4x1", tp=1),
+               tp.but(f"{tag}-tp-1x4", tp=4)]
     cases = [Case("fsdp: no reshard after forward", fsdp.name, f"{tag}-fsdp-noreshard", {"reshard_after_forward": False},
                   memory=True),
              Case("fsdp: reshard after forward", f"{tag}-fsdp-noreshard", fsdp.name, {"reshard_after_forward": True},
@@ -102,6 +117,8 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
              Case("fsdp: 2 layers a unit", fsdp.name, f"{tag}-fsdp-units2", {"merge_units": 2}),
              Case("fsdp: 4 ranks, 1x4 as 2x2 (HSDP)", flat.name, hsdp.name, {"fsdp_mesh": "2x2"}, memory=True),
              Case("fsdp: 4 ranks, 2x2 as 1x4", hsdp.name, flat.name, {"fsdp_mesh": "1x4"}, memory=True),
+             Case("tp: 4 ranks, 2x2 as 4x1", tp.name, f"{tag}-tp-4x1", {"tp_mesh": "4x1"}, memory=True),
+             Case("tp: 4 ranks, 2x2 as 1x4", tp.name, f"{tag}-tp-1x4", {"tp_mesh": "1x4"}, memory=True),
              Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
              Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
              Case("pp: 8 micro-batches, with the 2's recording", pp.name, f"{tag}-pp-8mb",
@@ -112,7 +129,7 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
 
 
 MEMORY_SETTINGS = {"reshard_after_forward": "reshard_after_forward", "microbatches": "pipeline_microbatches",
-                   "schedule": "pipeline_schedule", "fsdp_mesh": "fsdp_mesh"}
+                   "schedule": "pipeline_schedule", "fsdp_mesh": "fsdp_mesh", "tp_mesh": "tp_mesh"}
 """The optimizer's setting of each what-if change whose memory is scored."""
 
 
@@ -178,11 +195,13 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
 
 
 def run_examples(root: Path, repeats: int = REPEATS, seed: int = 0) -> list[dict]:
-    """The example jobs measured interleaved and recorded once each; their replay as recorded."""
+    """The example jobs measured interleaved and recorded once each; their replay as recorded, and
+    the what-ifs of :data:`EXAMPLE_CASES` against their targets' measured step."""
     from dpro.analysis import RunAnalysis
+    from dpro.analysis.whatif import Change, predict
 
     with Testbed() as testbed:
-        measured = interleaved(testbed, EXAMPLES, repeats, seed)
+        measured = interleaved(testbed, EXAMPLES + EXAMPLE_TARGETS, repeats, seed)
     rows = []
     for job in EXAMPLES:
         run = root / job.name
@@ -202,6 +221,20 @@ def run_examples(root: Path, repeats: int = REPEATS, seed: int = 0) -> list[dict
                      "form": analysis.parallelism.describe()})
         print(f"{job.name}: {analysis.parallelism.describe()}; measured {' '.join(f'{x:.1f}' for x in measured[job.name])}"
               f" ms (spread {noise:.1f}%), replayed {replayed:.1f} ms ({error:+.1f}%)", flush=True)
+    for source, target, change in EXAMPLE_CASES:
+        result = predict(RunAnalysis.open(root / source), Change(**change))
+        median, truth = float(np.median(measured[source])), float(np.median(measured[target]))
+        predicted = median * result["predicted_step_ms"] / result["baseline_step_ms"]
+        error, no_change = 100 * (predicted / truth - 1), 100 * (median / truth - 1)
+        noise = max(spread_pct(measured[source]), spread_pct(measured[target]))
+        rows.append({"benchmark": "parallel", "case": f"{source} as {change}", "metric": "what-if: |error| % "
+                     "(baseline: no change's; goal: within the noise floor, the larger spread of the two, + 5)",
+                     "dpro": abs(error), "baseline": abs(no_change),
+                     "ratio": abs(error) / abs(no_change) if no_change else float("inf"),
+                     "goal": f"<= {noise:.1f} + {GOAL_REPLAY:g}", "met": abs(error) <= noise + GOAL_REPLAY,
+                     "measured_ms": measured[target], "predicted_ms": predicted, "source_ms": median})
+        print(f"{source} as {change}: measured {truth:.1f} ms (source {median:.1f}), predicted {predicted:.1f} ms "
+              f"({error:+.1f}%; no change {no_change:+.1f}%; noise {noise:.1f}%)", flush=True)
     return rows
 
 

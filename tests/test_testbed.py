@@ -45,6 +45,26 @@ def test_custom_op_job_records_with_the_op_on_the_critical_path(tmp_path):
     assert held.sum().to_numpy() == pytest.approx([expected_ns] * 2, rel=0.1)
 
 
+def test_the_tensor_parallel_form_holds_each_layer_split_over_its_group(tmp_path):
+    spec = draw_job(5)
+    run = tmp_path / "run"
+    result = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--no-calibrate", "--",
+                  *TORCHRUN, "--nproc-per-node=2", JOB, "--spec", spec.to_json(), "--steps", "9", "--form", "tp",
+                  "--tp", "2")
+    assert result.returncode == 0, result.stderr
+    from dpro.analysis import RunAnalysis
+    analysis = RunAnalysis.open(run)
+    assert analysis.parallelism.mesh["shape"] == [1, 2] and analysis.parallelism.tensor_parallel
+    events = analysis.tables(0).events
+    held = events[events["name"] == "dpro_testbed::hold"].groupby("step")["dur_ns"]
+    expected_ns = 1e3 * sum(l.forward_fixed_us + l.forward_per_sample_us * spec.batch for l in spec.layers) / 2
+    assert (held.count() == len(spec.layers)).all() and held.sum().to_numpy() == pytest.approx([expected_ns] * 2,
+                                                                                               rel=0.1)
+    # one all-reduce of each layer's output, one of each layer's input gradient but the first's
+    calls = analysis.graph.collectives
+    assert len(calls) == 2 * len(spec.layers) - 1 and set(calls["coll"]) == {"all_reduce"}
+
+
 class _Counting:
     """A stand-in for the testbed's clusters that returns each configuration's next value."""
 

@@ -32,7 +32,8 @@ MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpr
                  "examples/train_lm.py",
                  # and the parallel forms: their description, their benchmark
                  "dpro/analysis/parallelism.py", "dpro/analysis/stages.py", "dpro/analysis/memory.py",
-                 "dpro/analysis/fsdp.py", "benchmarks/parallel.py")
+                 "dpro/analysis/fsdp.py", "dpro/analysis/tensor_parallel.py", "dpro/analysis/mesh_groups.py",
+                 "examples/train_parallel.py", "benchmarks/parallel.py")
 
 
 def model_version(root: Path = ROOT) -> str:

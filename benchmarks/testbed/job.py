@@ -21,7 +21,14 @@ step's time there, so that a run is measured without any profiler or hook.
 the next ``K`` units in its forward pass; ``--layers-per-unit G``: every ``G`` layers one unit;
 ``--replicate R``: sharded over ``world/R`` ranks, replicated over ``R``, HSDP) instead of DDP. ``--form pp``: the layers split into one stage
 per rank (as evenly as their held times allow), the batch in ``--microbatches`` micro-batches
-under ``--schedule gpipe|1f1b``; the last stage's loss is the output's sum.
+under ``--schedule gpipe|1f1b``; the last stage's loss is the output's sum. ``--form tp --tp T``:
+a ``(world/T, T)`` device mesh (``dp``, ``tp``); each layer split over the ``T`` ranks of its
+``tp`` group as a column- then row-parallel pair is (Megatron's): its weight a DTensor sharded
+over them, its input entering DTensor replicated, its held time ``1/T`` of the layer's (an ideal
+split: the work divides, no fixed cost stays), its output summed over them by DTensor's
+all-reduce (and its input's gradient in the backward pass); the gradients averaged over ``dp``
+by an all-reduce per parameter, as the example's tensor-parallel form does. Each ``dp`` replica
+runs the spec's batch.
 """
 
 from __future__ import annotations
@@ -93,6 +100,40 @@ class _Hold(torch.autograd.Function):
 def hold_with_grad(x: torch.Tensor, w: torch.Tensor, forward_us: tuple[float, float],
                    backward_us: tuple[float, float]) -> torch.Tensor:
     return _Hold.apply(x, w, forward_us, backward_us)
+
+
+class TPLayer(nn.Module):
+    """A :class:`Layer` split over the ranks of ``mesh`` (a 1-D device mesh; see the module docstring)."""
+
+    def __init__(self, layer: Layer, mesh) -> None:
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        super().__init__()
+        self.mesh, ways = mesh, mesh.size()
+        self.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Shard(0)]))
+        self.forward_us = tuple(t / ways for t in layer.forward_us)
+        self.backward_us = tuple(t / ways for t in layer.backward_us)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        ways = self.mesh.size()
+        # entering replicated, the input's gradient is a partial sum: all-reduced in the backward pass
+        mine = DTensor.from_local(x, self.mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+        y = hold_with_grad(mine, self.weight.to_local(), self.forward_us, self.backward_us) / ways
+        return DTensor.from_local(y, self.mesh, [Partial()], run_check=False).redistribute(
+            self.mesh, [Replicate()]).to_local()
+
+
+def build_tp(model: nn.Sequential, tp: int) -> tuple[nn.Sequential, object]:
+    """Every layer split over the ``tp`` consecutive ranks of its group; the data-parallel group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if tp < 1 or world % tp:
+        raise SystemExit(f"--tp {tp} does not divide the world size {world}")
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    return nn.Sequential(*(TPLayer(layer, mesh["tp"]) for layer in model)), mesh["dp"].get_group()
 
 
 def build_model(spec: dict) -> nn.Sequential:
@@ -170,7 +211,8 @@ def main() -> None:
     p.add_argument("--static-graph", action="store_true", help="DDP's static_graph")
     p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     p.add_argument("--step-times", metavar="PATH", help="rank 0 writes each step's time (ns) here, a line each")
-    p.add_argument("--form", choices=("ddp", "fsdp", "pp"), default="ddp")
+    p.add_argument("--form", choices=("ddp", "fsdp", "pp", "tp"), default="ddp")
+    p.add_argument("--tp", type=int, default=2, metavar="T", help="tp: the tensor-parallel degree")
     p.add_argument("--no-reshard", action="store_true", help="fsdp: reshard_after_forward=False")
     p.add_argument("--forward-prefetch", type=int, default=0, metavar="K", help="fsdp: each unit prefetches the next K")
     p.add_argument("--layers-per-unit", type=int, default=1, metavar="G", help="fsdp: every G layers one unit")
@@ -217,10 +259,21 @@ def main() -> None:
 
 
 def run_parallel(args: argparse.Namespace, spec: dict, model: nn.Sequential) -> None:
-    """The FSDP or pipeline form of the job (see the module docstring)."""
+    """The FSDP, tensor-parallel or pipeline form of the job (see the module docstring)."""
     rank = dist.get_rank()
     batch = torch.randn(spec["batch"], WIDTH)
-    if args.form == "fsdp":
+    if args.form == "tp":
+        module, dp_group = build_tp(model, args.tp)
+        replicas = dist.get_world_size(dp_group)
+
+        def step() -> None:
+            module(batch).sum().backward()
+            if replicas > 1:
+                for param in module.parameters():
+                    grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+                    dist.all_reduce(grad, group=dp_group)
+                    grad.div_(replicas)
+    elif args.form == "fsdp":
         module = build_fsdp(model, not args.no_reshard, args.forward_prefetch, args.layers_per_unit,
                             args.replicate)
 

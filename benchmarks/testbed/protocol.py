@@ -53,13 +53,14 @@ class Config:
     accumulate: int = 1
     static_graph: bool = False
     gradient_as_bucket_view: bool = False
-    form: str = "ddp"  # ddp | fsdp | pp (job.py's --form)
+    form: str = "ddp"  # ddp | fsdp | pp | tp (job.py's --form)
     reshard: bool = True  # fsdp: reshard_after_forward
     forward_prefetch: int = 0  # fsdp: units each prefetches in its forward pass
     layers_per_unit: int = 1  # fsdp: layers under one fully_shard
     replicate: int = 1  # fsdp: replicas of each shard (HSDP's mesh: replicate × ranks / replicate)
     microbatches: int = 4  # pp
     schedule: str = "gpipe"  # pp: gpipe | 1f1b
+    tp: int = 2  # tp: the tensor-parallel degree (the mesh: ranks / tp × tp)
 
     def argv(self, steps: int) -> list[str]:
         if self.form != "ddp":
@@ -69,6 +70,8 @@ class Config:
                         + (["--forward-prefetch", str(self.forward_prefetch)] if self.forward_prefetch else [])
                         + (["--layers-per-unit", str(self.layers_per_unit)] if self.layers_per_unit > 1 else [])
                         + (["--replicate", str(self.replicate)] if self.replicate > 1 else []))
+            if self.form == "tp":
+                return out + ["--tp", str(self.tp)]
             return out + ["--microbatches", str(self.microbatches), "--schedule", self.schedule]
         out = [str(JOB), "--spec", self.job.to_json(), "--steps", str(steps), "--bucket-cap-mb", str(self.bucket_cap_mb)]
         if self.first_bucket_mb is not None:
