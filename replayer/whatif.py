@@ -185,7 +185,7 @@ class WhatIf:
         return self._retime_sends()
 
     def regroup(self, calls: list[tuple[str, int]], group_size: int, link_class_: str,
-                rate: float | None = None) -> "WhatIf":
+                rate: float | None = None, sharing: float = 1.0) -> "WhatIf":
         """Each of ``calls`` (collective, occurrence) over ``group_size`` ranks, as its
         algorithm runs there (:meth:`set_world_size`'s rule, for these calls), over links of
         class ``link_class_``. Where the run measured no such collective over that class,
@@ -193,12 +193,15 @@ class WhatIf:
         model; an error if not given. A call's recorded ranks stand for its new group's and
         still wait for one another (where groups split, an error toward waiting on the slowest;
         where they merge, the old groups do not wait for each other: an error toward a shorter
-        step). A dropped call stays dropped."""
+        step). ``sharing``: the flows that shared the recorded call's busiest link over those
+        that share the new group's (the groups of a mesh dimension run at once): the wire's share
+        of each send is that much faster. A dropped call stays dropped."""
         for coll, occurrence in calls:
-            self._regroup(self._collective(coll, occurrence), group_size, link_class_, rate)
+            self._regroup(self._collective(coll, occurrence), group_size, link_class_, rate, sharing)
         return self._retime_sends()
 
-    def _regroup(self, c: pd.Series, group_size: int, link_class_: str, rate: float | None) -> None:
+    def _regroup(self, c: pd.Series, group_size: int, link_class_: str, rate: float | None,
+                 sharing: float = 1.0) -> None:
         recorded, scaled = schedule(c["coll"], len(c["ranks"])), schedule(c["coll"], group_size)
         sends = np.asarray(c["sends"], np.int64)
         if not len(recorded) or not len(sends) or (c["coll"], int(c["occurrence"])) in self.dropped:
@@ -218,6 +221,7 @@ class WhatIf:
             self._rate[sends] = rate
         else:
             raise WhatIfError(f"no measurement of {c['coll']} over {link_class_}-host links in this run")
+        self._rate[sends] *= sharing
         self._share[sends] = scaled.fraction.mean() / recorded.fraction.mean()
         self._repeat[sends] = steps
 

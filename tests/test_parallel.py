@@ -14,6 +14,7 @@ import pytest
 from dpro.analysis import RunAnalysis
 from dpro.analysis import fsdp, tensor_parallel
 from dpro.analysis.memory import rank_memory
+from dpro.analysis.mesh_groups import flows_per_link, runs, strides
 from dpro.analysis.whatif import CostModel
 from dpro.optimizer.memory import _tp_bytes
 from dpro.optimizer.passes.tensor_parallel import tp_mesh as tp_mesh_pass
@@ -418,6 +419,15 @@ def test_a_2x2_tensor_parallel_job_asked_as_1x4_splits_over_4_and_drops_the_grad
     assert details["tp_links"] == "intra" and details["dp_links"] is None and details["sharded_ops"] > 0
     shown = dpro("whatif", tp_run, "--tp-mesh", "1x4")
     assert "tp: mesh 2x2 -> 1x4" in shown.stdout and "gradient all-reduces dropped" in shown.stdout
+
+
+def test_rings_across_two_hosts_share_the_link_as_their_hops_cross_it() -> None:
+    from types import SimpleNamespace
+
+    w = SimpleNamespace(graph=SimpleNamespace(hosts={0: "a", 1: "a", 2: "b", 3: "b"}))
+    assert flows_per_link(w, strides(4, 2)) == 2, "2x2's data-parallel rings 0-2 and 1-3: two flows each way"
+    assert flows_per_link(w, runs(4, 4)) == 1, "one ring 0-1-2-3 crosses once each way"
+    assert flows_per_link(w, runs(4, 2)) == 0, "tensor-parallel groups within a host"
 
 
 def test_the_tp_mesh_whatif_says_where_it_does_not_apply(tp_run: Path, tp_flat_run: Path, fsdp_run: Path) -> None:

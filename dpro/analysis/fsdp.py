@@ -42,7 +42,7 @@ from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.linkmodel import wire_rates
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
-from dpro.analysis.mesh_groups import crossed, regroup_over
+from dpro.analysis.mesh_groups import regroup_over, runs, strides
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["forward_prefetch", "merge_units", "mesh", "parse_mesh", "recorded_mesh", "reshard"]
@@ -222,12 +222,12 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     else:
         for call in all_reduces:
             w.set_collective_bytes(*call, w.collective_bytes(*call) * was[1] / shard)
-    shard_link = crossed(w, [range(k, k + shard) for k in range(0, world, shard)])
-    replica_link = crossed(w, [range(k, world, shard) for k in range(shard)])
     wires = wire_rates(analysis.calibrations, analysis.hosts)
-    regroup_over(w, sharded, shard, shard_link, wires)
-    if replicate > 1:
-        regroup_over(w, all_reduces, replicate, replica_link, wires)
+    old_shards = runs(world, was[1])
+    old_replicas = strides(world, was[1]) if was[0] > 1 else old_shards  # an added one copies a reduce-scatter
+    shard_link = regroup_over(w, sharded, shard, runs(world, shard), old_shards, wires)
+    replica_link = (regroup_over(w, all_reduces, replicate, strides(world, shard), old_replicas, wires)
+                    if replicate > 1 else None)
     return {**details, "shard_links": shard_link if shard > 1 else None,
             "replicate_links": replica_link if replicate > 1 else None, "all_reduces_added": added,
             "all_reduces_dropped": len(all_reduces) if replicate == 1 else 0}

@@ -12,7 +12,7 @@ batch as recorded (the script's batch size is per replica).
 - **Tensor-parallel compute**: each rank's ops from where a value enters DTensor
   (``_FromTorchTensor`` in the forward pass; a gradient's ``_ToTorchTensorBackward`` in the
   backward) up to the op that issues the ``tp`` group's next call run on ``1/tp`` of the layer:
-  their time times ``tp0/tp``. The ops outside (norms, embeddings, the loss, residual adds) are
+  their time times ``tp0/tp``, DTensor's own wrapping and redistributing apart (:data:`BOOKKEEPING`). The ops outside (norms, embeddings, the loss, residual adds) are
   replicated and keep their time; the optimizer's step scales with this rank's parameter bytes.
 - **Data-parallel calls** (the ``dp`` groups'): over the ``dp`` ranks of a column of the mesh;
   a call the size of a parameter sharded over ``tp`` carries ``tp0/tp`` times its bytes (of the
@@ -37,13 +37,17 @@ from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.linkmodel import wire_rates
 from dpro.replayer.whatif import WhatIf, WhatIfError
 
-from dpro.analysis.mesh_groups import crossed, regroup_over
+from dpro.analysis.mesh_groups import regroup_over, runs, strides
 from dpro.analysis.run import RunAnalysis
 
 __all__ = ["TPLayout", "layout", "parse_tp_mesh", "tp_mesh"]
 
 ENTRIES = ("_FromTorchTensor", f"{BACKWARD_EVENT_PREFIX}: _ToTorchTensorBackward")
 """The ops where a value enters DTensor: a tensor-parallel region starts there (torch 2.13's names)."""
+BOOKKEEPING = frozenset(["_FromTorchTensor", "_ToTorchTensor", "Redistribute"]
+                        + [f"{BACKWARD_EVENT_PREFIX}: {name}Backward" for name in (
+                            "_FromTorchTensor", "_ToTorchTensor", "Redistribute")])
+"""DTensor's own ops (wrapping, unwrapping, redistributing): the same work whatever the shard."""
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 
 Call = tuple[str, int]  # a collective's name and occurrence
@@ -139,40 +143,42 @@ def tp_mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     for v in step:
         w.durations[v] *= was.parameter_ratio(int(ranks[v]), tp)
     resized = _resize_gradients(w, was, dp_calls, tp)
-    tp_link = crossed(w, [range(k, k + tp) for k in range(0, world, tp)])
-    dp_link = crossed(w, [range(k, world, tp) for k in range(tp)])
     wires = wire_rates(analysis.calibrations, analysis.hosts)
-    for mine, size, new_link in ((tp_calls, tp, tp_link), (dp_calls, dp, dp_link)):
+    links = {}
+    for name, mine, size, groups, recorded in (
+            ("tp", tp_calls, tp, runs(world, tp), runs(world, was.tp)),
+            ("dp", dp_calls, dp, strides(world, tp), strides(world, was.tp))):
         if size > 1:
-            regroup_over(w, mine, size, new_link, wires)
+            links[name] = regroup_over(w, mine, size, groups, recorded, wires)
             continue
         for call in mine:
             w.drop_collective(*call)
+    tp_link, dp_link = links.get("tp"), links.get("dp")
     return {**details, "sharded_ops": int(len(sharded)), "gradient_calls_resized": resized,
-            "tp_links": tp_link if tp > 1 else None, "dp_links": dp_link if dp > 1 else None,
+            "tp_links": tp_link, "dp_links": dp_link,
             "tp_calls_dropped": len(tp_calls) if tp == 1 else 0, "dp_calls_dropped": len(dp_calls) if dp == 1 else 0}
 
 
 def _sharded_ops(w: WhatIf, was: TPLayout, tp_calls: list[Call]) -> np.ndarray:
     """Each rank's ops inside a tensor-parallel region: from an op where a value enters DTensor
-    (:data:`ENTRIES`) to the next op on its thread that issues a ``tp`` call (not included)."""
+    (:data:`ENTRIES`) to the next op on its thread that issues a ``tp`` call (not included),
+    DTensor's own (:data:`BOOKKEEPING`) left out."""
     issuer_of = w.issuers()
     issuing = {issuer_of[int(a)] for call in tp_calls for a in w._arrivals(w._collective(*call))
                if int(a) in issuer_of}
     nodes = w.graph.nodes
     cpu = nodes[(nodes["kind"] == "cpu").to_numpy()]
     names = cpu["name"].astype(str)
-    entry = names.isin(ENTRIES).to_numpy()
+    marked = cpu.assign(entry=names.isin(ENTRIES).to_numpy(), own=names.isin(BOOKKEEPING).to_numpy())
     found = []
-    for _, thread in cpu.assign(entry=entry).sort_values("offset_ns", kind="stable").groupby("resource",
-                                                                                            observed=True):
+    for _, thread in marked.sort_values("offset_ns", kind="stable").groupby("resource", observed=True):
         inside = False
-        for v, is_entry in zip(thread.index, thread["entry"]):
+        for v, is_entry, own in zip(thread.index, thread["entry"], thread["own"]):
             if int(v) in issuing:
                 inside = False
             elif is_entry:
                 inside = True
-            if inside:
+            if inside and not own:
                 found.append(int(v))
     return np.asarray(found, np.int64)
 
