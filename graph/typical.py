@@ -85,7 +85,7 @@ def _step_nodes(ev: pd.DataFrame, step_start: int, step_end: int) -> tuple[pd.Da
     for tid, thread in cpu.groupby("tid", sort=True):
         thread = thread.sort_values(["start_ns", "dur_ns"], ascending=[True, False])
         top = _top_level(thread)
-        tops = _split_at_waits(thread[top].assign(resumed_after=-1), thread[~top],
+        tops = _split_at_waits(thread[top].assign(resumed=False), thread[~top],
                                awaited.get(int(tid), np.empty(0, np.int64)))
         tops = tops.assign(kind="cpu", resource=f"cpu/{tid}")
         parts.append(tops)
@@ -169,17 +169,20 @@ def _inside(events: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
 
 def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarray) -> pd.DataFrame:
     """A thread's top-level ops cut where they sat waiting for a transfer they issued (``awaited``:
-    its ends, :func:`_awaited_ends`; ``tops`` with a ``resumed_after`` column):
+    its ends, :func:`_awaited_ends`; ``tops`` with a ``resumed`` column, False):
     an op with no nested call running for :data:`NESTED_WAIT_NS` up to the transfer's end
     becomes its head (to the last call before the wait) and its tail (from the first call
-    after, empty where it waited to its end), so that the wait is an edge of the graph, not
-    compute; an op that waited before any call of its own (a functional collective's
-    ``wait_tensor``, no work) starts at its tail.
-    Both pieces keep the op's name; a tail's ``resumed_after`` is the end it waited for (-1
-    for the others), which makes it the transfer's waiter (:func:`_rank_edges`)."""
+    after), so that the wait is an edge of the graph, not compute. Where the op sat in a
+    :data:`WAIT_CALLS` call over the transfer's end (a functional collective's ``wait_tensor``:
+    a wait, not work), it may have waited from its start (no head) or to its end (an empty
+    tail). Both pieces keep the op's name; a tail is ``resumed``: the first op of its thread after
+    the transfers that ended while it waited, it is their waiter (:func:`_rank_edges`)."""
     if not len(awaited) or tops.empty:
         return tops
-    nested = nested[~nested["name"].astype(str).isin(WAIT_CALLS)]
+    is_wait = nested["name"].astype(str).isin(WAIT_CALLS).to_numpy()
+    w_start = nested["start_ns"].to_numpy(np.int64)[is_wait]
+    w_end = w_start + nested["dur_ns"].to_numpy(np.int64)[is_wait]
+    nested = nested[~is_wait]
     n_start = nested["start_ns"].to_numpy(np.int64)
     n_end = (nested["start_ns"] + nested["dur_ns"]).to_numpy(np.int64)
     order = np.argsort(n_start, kind="stable")
@@ -191,27 +194,31 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
     rows, changed = [], False
     for _, op in tops.iterrows():
         start, end = int(op["start_ns"]), int(op["start_ns"] + op["dur_ns"])
-        cuts: list[tuple[int, int, int]] = []
+        cuts: list[tuple[int, int]] = []
         for done in awaited[(awaited > start) & (awaited < end)]:
             i = int(np.searchsorted(n_start, done, "left"))  # the first call after the transfer ended
-            since = cuts[-1][2] if cuts else start
-            resume = int(n_start[i]) if i < len(n_start) and n_start[i] < end else end  # else: waited to its end
-            idle_from = int(n_end[i - 1]) if i > 0 and n_start[i - 1] >= since else since
+            since = cuts[-1][1] if cuts else start
+            before = i > 0 and n_start[i - 1] >= since  # a call of this op's (piece's) before the wait
+            after = i < len(n_start) and n_start[i] < end
+            waited = bool(((w_start <= done) & (w_end >= done) & (w_start >= start) & (w_end <= end)).any())
+            if not (before and after) and not waited:
+                continue
+            idle_from = int(n_end[i - 1]) if before else since
             if idle_from <= done and done - idle_from >= NESTED_WAIT_NS:
-                cuts.append((int(done), idle_from, resume))
-        piece_start, resumed_after = start, -1
-        for done, idle_from, resume in cuts:
+                cuts.append((idle_from, int(n_start[i]) if after else end))
+        piece_start = start
+        for idle_from, resume in cuts:
             if idle_from > piece_start:
-                rows.append(_piece(op, piece_start, idle_from, resumed_after))
-            piece_start, resumed_after = resume, done
-        rows.append(_piece(op, piece_start, end, resumed_after) if cuts else op)
+                rows.append(_piece(op, piece_start, idle_from, False))
+            piece_start = resume
+        rows.append(_piece(op, piece_start, end, True) if cuts else op)
         changed |= bool(cuts)
     return pd.DataFrame(rows).astype(tops.dtypes.to_dict()) if changed else tops
 
 
-def _piece(op: pd.Series, start: int, end: int, resumed_after: int) -> pd.Series:
+def _piece(op: pd.Series, start: int, end: int, resumed: bool) -> pd.Series:
     piece = op.copy()
-    piece["start_ns"], piece["dur_ns"], piece["resumed_after"] = start, end - start, resumed_after
+    piece["start_ns"], piece["dur_ns"], piece["resumed"] = start, end - start, resumed
     return piece
 
 
@@ -384,21 +391,20 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
     optimizer_steps = optimizer_steps[np.argsort(start[optimizer_steps])]
     cpu_threads = [g for resource, g in nodes[nodes["kind"] == "cpu"].groupby("resource", sort=False)
                    if resource not in comm_threads]
-    # an op cut at a wait (:func:`_split_at_waits`) resumed after the transfer that ended then
-    resumed = {int(t): int(v) for v, t in nodes["resumed_after"].items() if t >= 0} \
-        if "resumed_after" in nodes else {}
+    # an op cut at a wait (:func:`_split_at_waits`) resumed after the transfers that ended then
+    resumed = nodes["resumed"].eq(True).to_numpy() if "resumed" in nodes else np.zeros(len(nodes), bool)
     for i, name, k in zip(instances.index, instances["coll_name"], instances["issue"]):
         call = issued.get(k)
         if call is not None:
             parent = index.get(call["parent_key"])
             if parent is not None:
                 edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
-        tail = resumed.get(int(measured_end[i]))
         for thread in cpu_threads:
             # judged within the template's own step: medians taken op by op need not keep
             # a waiter after the end of the collective it woke up for
-            waiter = tail if tail is not None and tail in thread.index else _waiter(
-                thread, measured_start[i], measured_end[i], measured_start, measured_end)
+            waiter = _resumed_after(thread, measured_end[i], resumed, measured_start, measured_end)
+            if waiter is None:
+                waiter = _waiter(thread, measured_start[i], measured_end[i], measured_start, measured_end)
             if waiter is not None and waiter != i:
                 edges.append((i, waiter, int(measured_start[waiter] - measured_end[i]), "wait"))
         # The optimizer updates with the reduced gradients: DDP waits for every bucket before
@@ -483,6 +489,18 @@ WAKE_SLACK_NS = 20_000_000
 closes the collective's profiler range after it woke the waiter, and on busy cores it may be
 descheduled in between (by 7 ms on two shared cores)."""
 MIN_WAIT_NS = 1_000_000  # an idle gap shorter than this, ending before the end, is no sign of waiting
+
+
+def _resumed_after(thread: pd.DataFrame, done: float, resumed: np.ndarray, start: np.ndarray,
+                   end: np.ndarray) -> int | None:
+    """The piece of ``thread`` that resumed after a wait (:func:`_split_at_waits`) during which a
+    collective ended at ``done``: the first op to start after it, if cut so, with the op before
+    it ended by then; else None."""
+    ids = thread.index.to_numpy()
+    k = int(np.searchsorted(start[ids], done, "left"))
+    if k < len(ids) and resumed[ids[k]] and (k == 0 or end[ids[k - 1]] <= done):
+        return int(ids[k])
+    return None
 
 
 def _waiter(thread: pd.DataFrame, began: float, done: float, start: np.ndarray, end: np.ndarray) -> int | None:

@@ -386,17 +386,19 @@ def test_a_2x2_tensor_parallel_job_asked_as_4x1_sends_what_the_4x1_job_sent(tp_r
     assert details["gradient_calls_resized"] == sum(len(b) for b in layout.sharded_sizes.values()) // 2
     assert sum(gradients) / len(dp_groups) == pytest.approx(sent["bytes"].sum())
     assert sorted(gradients)[::len(dp_groups)] == sorted(sent["bytes"])
-    # the layers' split ops run the whole layer, the replicated ones as they were
+    # the layers' split ops run the whole layer; the replicated ones, DTensor's own and the
+    # gradients' averaging as they were; the optimizer's step for the rank's parameter bytes
     recorded = source.graph.nodes["dur_ns"].to_numpy(float)
     names = source.graph.nodes["name"].astype(str)
-    sharded = tensor_parallel._sharded_ops(CostModel(source).what_if(), layout,
-                                           [(c, k) for c, k, g in zip(table["coll"], table["occurrence"],
-                                                                      table["group"]) if g in tp_groups])
+    sharded = tensor_parallel._sharded_ops(CostModel(source).what_if())
     assert set(names[sharded]) >= {"aten::scaled_dot_product_attention", "aten::gelu"}
-    assert not set(names[sharded]) & {"aten::layer_norm", "aten::embedding", "aten::cross_entropy_loss"}
+    assert not set(names[sharded]) & {"aten::layer_norm", "aten::embedding", "aten::cross_entropy_loss",
+                                      "_FromTorchTensor", "aten::div_", "c10d::allreduce_"}
     assert np.allclose(w.durations[sharded], 2 * recorded[sharded])
-    kept = names.isin(["aten::layer_norm", "aten::embedding"]).to_numpy()
+    kept = names.isin(["aten::layer_norm", "aten::embedding", "_FromTorchTensor", "aten::div_"]).to_numpy()
     assert kept.any() and np.allclose(w.durations[kept], recorded[kept])
+    step = names.str.startswith("Optimizer.step#").to_numpy() & (source.graph.nodes["rank"] == 0).to_numpy()
+    assert step.sum() == 1 and np.allclose(w.durations[step], recorded[step] * layout.parameter_ratio(0, 1))
     # the optimizer proposes the other shapes; 4x1's parameters, gradients and optimizer state
     # are what the 4x1 job held
     assert tp_mesh_pass(source).settings == [{"tp_mesh": "4x1"}, {"tp_mesh": "1x4"}]
@@ -545,20 +547,23 @@ def test_sends_pair_by_peer_and_order() -> None:
 
 
 def test_an_op_that_sat_waiting_for_a_transfer_is_cut_at_the_wait() -> None:
-    op = pd.DataFrame({"name": ["Forward 0"], "start_ns": [0], "dur_ns": [10_000_000], "resumed_after": [-1]})
+    op = pd.DataFrame({"name": ["Forward 0"], "start_ns": [0], "dur_ns": [10_000_000], "resumed": [False]})
     nested = pd.DataFrame({"name": ["aten::mm", "aten::mm"], "start_ns": [100_000, 8_000_000],
                            "dur_ns": [50_000, 1_000_000]})
     cut = _split_at_waits(op, nested, np.array([7_900_000]))
     assert list(cut["start_ns"]) == [0, 8_000_000] and list(cut["dur_ns"]) == [150_000, 2_000_000]
-    assert list(cut["resumed_after"]) == [-1, 7_900_000], "the tail is the transfer's waiter"
+    assert list(cut["resumed"]) == [False, True], "the tail is the transfer's waiter"
     busy = nested.assign(start_ns=[100_000, 7_800_000], dur_ns=[7_650_000, 1_000_000])
     assert len(_split_at_waits(op, busy, np.array([7_900_000]))) == 1, "no idle stretch before the end: no wait"
+    leaf = pd.DataFrame({"name": pd.Series([], dtype=str), "start_ns": pd.Series([], dtype=np.int64),
+                         "dur_ns": pd.Series([], dtype=np.int64)})
+    assert len(_split_at_waits(op, leaf, np.array([7_900_000]))) == 1, "an op with no call of its own is work"
     # a functional collective's wait_tensor is the wait, not work: an op that waited first starts
     # after it, and one that waited to its end leaves an empty tail for the transfer's waiter
     waited_first = pd.DataFrame({"name": ["_c10d_functional::wait_tensor", "aten::add"],
                                  "start_ns": [10_000, 7_950_000], "dur_ns": [7_930_000, 50_000]})
     cut = _split_at_waits(op, waited_first, np.array([7_900_000]))
-    assert list(cut["start_ns"]) == [7_950_000] and list(cut["resumed_after"]) == [7_900_000]
+    assert list(cut["start_ns"]) == [7_950_000] and list(cut["resumed"]) == [True]
     waited_last = pd.DataFrame({"name": ["aten::mm", "_c10d_functional::wait_tensor"],
                                 "start_ns": [0, 1_000_000], "dur_ns": [1_000_000, 8_990_000]})
     cut = _split_at_waits(op, waited_last, np.array([9_900_000]))

@@ -11,8 +11,9 @@ batch as recorded (the script's batch size is per replica).
   ``tp = 1``.
 - **Tensor-parallel compute**: each rank's ops from where a value enters DTensor
   (``_FromTorchTensor`` in the forward pass; a gradient's ``_ToTorchTensorBackward`` in the
-  backward) up to the op that issues the ``tp`` group's next call run on ``1/tp`` of the layer:
-  their time times ``tp0/tp``, DTensor's own wrapping and redistributing apart (:data:`BOOKKEEPING`). The ops outside (norms, embeddings, the loss, residual adds) are
+  backward) up to the op that issues the ``tp`` group's next call (or leaves that pass) run on
+  ``1/tp`` of the layer: their time times ``tp0/tp`` (on a GPU, the kernels they launched),
+  DTensor's own wrapping and redistributing apart (:data:`BOOKKEEPING`). The ops outside (norms, embeddings, the loss, residual adds) are
   replicated and keep their time; the optimizer's step scales with this rank's parameter bytes.
 - **Data-parallel calls** (the ``dp`` groups'): over the ``dp`` ranks of a column of the mesh;
   a call the size of a parameter sharded over ``tp`` carries ``tp0/tp`` times its bytes (of the
@@ -136,13 +137,20 @@ def tp_mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     dp_calls = [(c, k) for c, k, g in calls if g in set(was.dp_groups.values())]
     if not tp_calls:
         raise WhatIfError("the tensor-parallel groups' collectives were not found in this run's graph")
-    sharded = _sharded_ops(w, was, tp_calls)
+    if was.dp > 1 and not dp_calls:
+        raise WhatIfError("no collective of the mesh's dp groups was found in this run's graph: --tp-mesh models "
+                          "gradients averaged over the dp dimension's groups")
+    sharded = _sharded_ops(w)
     w.durations[sharded] *= was.tp / tp
     step = w.select(name=OPTIMIZER_STEP.pattern, kind="cpu")
     ranks = w.graph.nodes["rank"].to_numpy()
     for v in step:
         w.durations[v] *= was.parameter_ratio(int(ranks[v]), tp)
     resized = _resize_gradients(w, was, dp_calls, tp)
+    if dp_calls and not resized:
+        raise WhatIfError("no gradient all-reduce of the dp groups has the size of a parameter sharded over tp: "
+                          "--tp-mesh models an all-reduce per parameter (DDP's buckets over the dp groups are not "
+                          "modelled)")
     wires = wire_rates(analysis.calibrations, analysis.hosts)
     links = {}
     for name, mine, size, groups, recorded in (
@@ -159,28 +167,35 @@ def tp_mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
             "tp_calls_dropped": len(tp_calls) if tp == 1 else 0, "dp_calls_dropped": len(dp_calls) if dp == 1 else 0}
 
 
-def _sharded_ops(w: WhatIf, was: TPLayout, tp_calls: list[Call]) -> np.ndarray:
-    """Each rank's ops inside a tensor-parallel region: from an op where a value enters DTensor
-    (:data:`ENTRIES`) to the next op on its thread that issues a ``tp`` call (not included),
-    DTensor's own (:data:`BOOKKEEPING`) left out."""
-    issuer_of = w.issuers()
-    issuing = {issuer_of[int(a)] for call in tp_calls for a in w._arrivals(w._collective(*call))
-               if int(a) in issuer_of}
+def _sharded_ops(w: WhatIf) -> np.ndarray:
+    """The work inside each rank's tensor-parallel regions: a region runs on its thread from an op
+    where a value enters DTensor (:data:`ENTRIES`) to the next op that issues a collective (the
+    ``tp`` group's all-reduce; not included) or leaves the pass it began in (a forward region at
+    the first backward op, a backward region at the first op outside the backward pass: the first
+    layer's input needs no gradient, so its backward region issues nothing); DTensor's own ops
+    (:data:`BOOKKEEPING`) left out. On a GPU the work is the kernels those ops launched; on a CPU,
+    the ops."""
+    issuing = set(w.issuers().values())
     nodes = w.graph.nodes
     cpu = nodes[(nodes["kind"] == "cpu").to_numpy()]
     names = cpu["name"].astype(str)
-    marked = cpu.assign(entry=names.isin(ENTRIES).to_numpy(), own=names.isin(BOOKKEEPING).to_numpy())
+    marked = cpu.assign(entry=names.isin(ENTRIES).to_numpy(), own=names.isin(BOOKKEEPING).to_numpy(),
+                        backward=names.str.startswith(BACKWARD_EVENT_PREFIX).to_numpy())
     found = []
     for _, thread in marked.sort_values("offset_ns", kind="stable").groupby("resource", observed=True):
-        inside = False
-        for v, is_entry, own in zip(thread.index, thread["entry"], thread["own"]):
-            if int(v) in issuing:
-                inside = False
-            elif is_entry:
-                inside = True
-            if inside and not own:
+        region: bool | None = None  # None: outside; else whether the region began in the backward pass
+        for v, is_entry, own, backward in zip(thread.index, thread["entry"], thread["own"], thread["backward"]):
+            if int(v) in issuing or (region is not None and region != backward):
+                region = None
+            if is_entry:
+                region = bool(backward)
+            if region is not None and not own:
                 found.append(int(v))
-    return np.asarray(found, np.int64)
+    ops = np.asarray(found, np.int64)
+    if not (nodes["kind"] == "gpu").any():
+        return ops
+    launches = w.edges[(w.edges["kind"] == "launch").to_numpy() & w.edges["src"].isin(ops).to_numpy()]
+    return np.unique(launches["dst"].to_numpy(np.int64))
 
 
 def _resize_gradients(w: WhatIf, was: TPLayout, dp_calls: list[Call], tp: int) -> int:

@@ -15,7 +15,6 @@ from dpro.optimizer.passes.memory import memory, static_graph
 from dpro.optimizer.passes.operator_fusion import operator_fusion
 from dpro.optimizer.passes.pipeline import pipeline_schedule
 from dpro.optimizer.passes.tensor_parallel import tp_mesh
-from dpro.optimizer.passes.tensor_parallel import tp_mesh
 from dpro.optimizer.passes.tensor_fusion import first_bucket, tensor_fusion
 
 PASSES = {"tensor_fusion": tensor_fusion, "first_bucket": first_bucket, "compression": compression, "memory": memory,
