@@ -57,9 +57,10 @@ def test_the_tensor_parallel_form_holds_each_layer_split_over_its_group(tmp_path
     assert analysis.parallelism.mesh["shape"] == [1, 2] and analysis.parallelism.tensor_parallel
     events = analysis.tables(0).events
     held = events[events["name"] == "dpro_testbed::hold"].groupby("step")["dur_ns"]
-    expected_ns = 1e3 * sum(l.forward_fixed_us + l.forward_per_sample_us * spec.batch for l in spec.layers) / 2
-    assert (held.count() == len(spec.layers)).all() and held.sum().to_numpy() == pytest.approx([expected_ns] * 2,
-                                                                                               rel=0.1)
+    half_ns = 1e3 * sum(l.forward_fixed_us + l.forward_per_sample_us * spec.batch for l in spec.layers) / 2
+    assert (held.count() == len(spec.layers)).all()
+    # half the layer's time each (a sleep overshoots a little, more under load; the whole would be twice)
+    assert ((held.sum() >= 0.95 * half_ns) & (held.sum() <= 1.3 * half_ns)).all(), (held.sum(), half_ns)
     # one all-reduce of each layer's output, one of each layer's input gradient but the first's
     calls = analysis.graph.collectives
     assert len(calls) == 2 * len(spec.layers) - 1 and set(calls["coll"]) == {"all_reduce"}
