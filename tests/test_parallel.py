@@ -99,25 +99,6 @@ def test_a_2x2_mesh_is_recorded_and_each_collective_matched_within_its_own_group
     assert per_group[sorted(tp_groups)].nunique() == 1 and per_group[sorted(dp_groups)].nunique() == 1
 
 
-def test_each_tensor_parallel_all_reduce_is_waited_for_by_the_op_that_used_its_result(tp_run: Path) -> None:
-    """DTensor's functional all-reduces: the op that sat in ``wait_tensor`` is cut there, and the
-    piece that resumed waits for the call's end (an edge), so a what-if that moves the call
-    moves the wait."""
-    analysis = RunAnalysis.open(tp_run)
-    graph, layout = analysis.graph, tensor_parallel.layout(analysis)
-    nodes, edges = graph.nodes, graph.edges
-    waits = edges[edges["kind"] == "wait"]
-    tp = graph.collectives[graph.collectives["group"].isin(set(layout.tp_groups.values()))]
-    assert len(tp)
-    for row in tp.itertuples():
-        for done in row.done:
-            waiters = waits.loc[waits["src"] == done, "dst"]
-            rank = nodes.at[done, "rank"]
-            users = [v for v in waiters if nodes.at[v, "rank"] == rank and nodes.at[v, "kind"] == "cpu"
-                     and not str(nodes.at[v, "name"]).startswith(("gloo:", "Optimizer.step#"))]
-            assert users, (row.coll, row.occurrence, rank)
-
-
 def test_without_the_collective_log_a_gloo_trace_names_no_group(tp_run: Path) -> None:
     """The reason for the log: gloo's events name no group (the matcher would mix the four)."""
     events = RunAnalysis.open(tp_run).tables(0).events
