@@ -48,6 +48,7 @@ import math
 from typing import Any
 
 from dpro.analysis.fsdp import parse_mesh
+from dpro.analysis.tensor_parallel import parameter_ratio, parse_tp_mesh
 from dpro.analysis.memory import RankMemory
 from dpro.analysis.parallelism import Parallelism
 from dpro.replayer.pipeline import in_flight, schedule_name
@@ -78,10 +79,9 @@ def _tp_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism 
     shape = settings.get("tp_mesh")
     if not shape or not parallelism or not parallelism.tensor_parallel or not m.parameters_bytes:
         return 0
-    tp, recorded = int(str(shape).split("x")[1]), int(parallelism.mesh["shape"][-1])
-    share = parallelism.sharded_parameters.get(rank, 0) / m.parameters_bytes
-    state = m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
-    return round(state * share * (recorded / tp - 1))
+    ratio = parameter_ratio(m.parameters_bytes, sum(parallelism.sharded_parameters.get(rank, [])),
+                            int(parallelism.mesh["shape"][-1]), parse_tp_mesh(str(shape))[1])
+    return round((m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes) * (ratio - 1))
 
 
 def _mesh_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:

@@ -229,7 +229,7 @@ def mesh(w: WhatIf, analysis: RunAnalysis, shape: str) -> dict[str, Any]:
     replica_link = (regroup_over(w, all_reduces, replicate, strides(world, shard), old_replicas, wires)
                     if replicate > 1 else None)
     return {**details, "shard_links": shard_link if shard > 1 else None,
-            "replicate_links": replica_link if replicate > 1 else None, "all_reduces_added": added,
+            "replicate_links": replica_link, "all_reduces_added": added,
             "all_reduces_dropped": len(all_reduces) if replicate == 1 else 0}
 
 

@@ -21,8 +21,8 @@ class Parallelism:
     """``groups``: process group name -> its description and ranks (every rank's view merged);
     ``mesh``: the largest device mesh (``shape``, ``dim_names``, ``groups``) or None; ``fsdp``:
     rank 0's FSDP units; ``pipeline``: rank 0's schedule or None; ``stages``: each rank's
-    pipeline stage (ranks with one stage only); ``sharded_parameters``: each rank's bytes of
-    DTensor parameters sharded over a mesh dimension (tensor parallel's; FSDP2's too)."""
+    pipeline stage (ranks with one stage only); ``sharded_parameters``: each rank's local bytes
+    of each DTensor parameter sharded over a mesh dimension (tensor parallel's; FSDP2's too)."""
 
     world_size: int
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -30,7 +30,7 @@ class Parallelism:
     fsdp: list[dict[str, Any]] = field(default_factory=list)
     pipeline: dict[str, Any] | None = None
     stages: dict[int, int] = field(default_factory=dict)
-    sharded_parameters: dict[int, int] = field(default_factory=dict)
+    sharded_parameters: dict[int, list[int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, metas: dict[int, dict[str, Any]]) -> Parallelism:
@@ -126,13 +126,13 @@ class Parallelism:
         return "; ".join(parts) or f"data parallel over {self.world_size} ranks"
 
 
-def _sharded_parameters(metas: dict[int, dict[str, Any]]) -> dict[int, int]:
-    """Each rank's local bytes of DTensor parameters sharded over some mesh dimension."""
+def _sharded_parameters(metas: dict[int, dict[str, Any]]) -> dict[int, list[int]]:
+    """Each rank's local bytes of each DTensor parameter sharded over some mesh dimension."""
     found = {}
     for rank, meta in metas.items():
         parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
-        found[int(rank)] = sum(int(b) for p in parallel.get("dtensor_parameters") or [] if p.get("sharded_over")
-                               for b in p.get("local_bytes") or [])
+        found[int(rank)] = [int(b) for p in parallel.get("dtensor_parameters") or [] if p.get("sharded_over")
+                            for b in p.get("local_bytes") or []]
     return found
 
 

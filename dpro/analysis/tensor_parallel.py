@@ -41,7 +41,7 @@ from dpro.replayer.whatif import WhatIf, WhatIfError
 from dpro.analysis.mesh_groups import regroup_over, runs, strides
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["TPLayout", "layout", "parse_tp_mesh", "tp_mesh"]
+__all__ = ["TPLayout", "layout", "parameter_ratio", "parse_tp_mesh", "tp_mesh"]
 
 ENTRIES = ("_FromTorchTensor", f"{BACKWARD_EVENT_PREFIX}: _ToTorchTensorBackward")
 """The ops where a value enters DTensor: a tensor-parallel region starts there (torch 2.13's names)."""
@@ -69,8 +69,13 @@ class TPLayout:
 
     def parameter_ratio(self, rank: int, tp: int) -> float:
         """The rank's parameter bytes at tensor-parallel degree ``tp`` over the recorded."""
-        total, sharded = self.parameters.get(rank, 0), sum(self.sharded_sizes.get(rank, []))
-        return (total - sharded + sharded * self.tp / tp) / total if total > 0 else 1.0
+        return parameter_ratio(self.parameters.get(rank, 0), sum(self.sharded_sizes.get(rank, [])), self.tp, tp)
+
+
+def parameter_ratio(total: int, sharded: int, recorded_tp: int, tp: int) -> float:
+    """A rank's parameter bytes (``total``, of which ``sharded`` split over tensor parallel's
+    ``recorded_tp`` ranks) at degree ``tp``, over the recorded; 1 where none were measured."""
+    return (total - sharded + sharded * recorded_tp / tp) / total if total > 0 else 1.0
 
 
 def parse_tp_mesh(text: str) -> tuple[int, int]:
@@ -108,7 +113,7 @@ def layout(analysis: RunAnalysis, flag: str = "--tp-mesh") -> TPLayout:
                               f"rank {rank}'s are sharded over another")
         dp_groups[rank], tp_groups[rank] = str(names[0]), str(names[1])
         parameters[rank] = int((meta.get("memory") or {}).get("parameters_bytes") or 0)
-        sharded[rank] = [int(b) for p in params if p.get("sharded_over") for b in p.get("local_bytes") or []]
+        sharded[rank] = parallelism.sharded_parameters.get(rank, [])
     if not any(sharded.values()):
         raise WhatIfError(f"{flag}: no parameter of this job is sharded over its tp dimension")
     return TPLayout(int(shape[0]), int(shape[1]), dp_groups, tp_groups, parameters, sharded)
