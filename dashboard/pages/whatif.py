@@ -78,7 +78,8 @@ def register(app: Any, views: list[RunView]) -> None:
         s = prediction.summary
         baseline, predicted = s["baseline_step_ms"], s["predicted_step_ms"]
         headline = (f"Predicted step: {predicted:.2f} ms" + (f" (measured {baseline:.2f} ms as recorded, "
-                                                              f"{100 * (predicted / baseline - 1):+.1f}%)" if baseline else ""))
+                                                              f"{round(100 * (predicted / baseline - 1), 1) + 0.0:+.1f}%)"
+                                                              if baseline else ""))  # + 0.0: no "-0.0%"
         rank = min(view.analysis.graph.step_ns)
         rows = [[view.label(p["rank"]), p["baseline_step_ms"], p["predicted_step_ms"], p["replayed_step_ms"],
                  p["unanchored_step_ms"]] for p in s["per_rank"]]
