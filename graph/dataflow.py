@@ -59,7 +59,8 @@ class DataflowGraph:
     ``"r0/gpu/7"``, ``"link/0->1"``), ``name``, ``dur_ns``, ``offset_ns`` (typical start relative
     to the earliest rank's step start), ``coll`` (collective name), ``bytes`` (of a send or a
     collective, NaN if unknown), ``events`` (profiler events a CPU node spans: itself and the
-    calls nested in it; 0 elsewhere). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``
+    calls nested in it; 0 elsewhere), ``resumed`` (a CPU op's piece after a ``wait_tensor`` it was
+    cut at: it waits for the collective that ended then). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``
     (``order``, ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``; ``call`` and
     ``return`` join a backward pass on autograd's device thread to the thread that called it).
     ``wraps``: ``src``, ``dst``, ``lag_ns``: from the last op of each thread or stream to its
@@ -184,8 +185,9 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
                                root=0 if a < b else 1))
     nodes, edges, table = decompose(nodes, edges, matched)
     keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "pg_name", "bytes", "events",
-            "hooks"]
-    return DataflowGraph(text_as_categories(nodes.reindex(columns=keep).rename(columns={"coll_name": "coll"})
+            "hooks", "resumed"]
+    nodes = nodes.reindex(columns=keep).assign(resumed=lambda n: n["resumed"].eq(True))
+    return DataflowGraph(text_as_categories(nodes.rename(columns={"coll_name": "coll"})
                                          .reset_index(drop=True)),
                          text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),
                          step_ns={r: rd.step.step_ns for r, rd in reductions.items()},

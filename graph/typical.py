@@ -30,7 +30,7 @@ NESTED_CALL_EDGES = ("launch", "enqueue")
 """Edges from a top-level op to what a call nested in it started: their lag runs from the op's
 end to the nested call's end (negative: the call returned before the op ended)."""
 NODE_COLUMNS = ["name", "kind", "resource", "dur_ns", "offset_ns", "coll_name", "pg_name", "peer", "occurrence",
-                "nbytes", "events", "hooks"]
+                "nbytes", "events", "hooks", "resumed"]
 HOOK_PATTERN = (r"FSDP::(?:pre_forward|pre_backward|forward_prefetch for |backward_prefetch for |post_backward_reduce"
                 r"|all_gather(?= \(|$))")
 """The FSDP ranges a top-level op runs (itself or nested in it), kept as its ``hooks``: where a
@@ -264,6 +264,7 @@ def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd
     _mark_instances(template, kernels, instances[instances["step"] == template_step])
     template["events"] = _events_inside(template, inner)
     template["hooks"] = _hooks_inside(template, inner)
+    template["resumed"] = template["resumed"].eq(True) if "resumed" in template else False
     edges = _rank_edges(template, inner, kernels)
     # Where the typical step starts: the mean over every step used by any rank, so that the
     # ranks' starts compare even when each rank's typical steps are a different subset.

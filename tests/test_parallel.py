@@ -99,6 +99,22 @@ def test_a_2x2_mesh_is_recorded_and_each_collective_matched_within_its_own_group
     assert per_group[sorted(tp_groups)].nunique() == 1 and per_group[sorted(dp_groups)].nunique() == 1
 
 
+def test_each_op_cut_at_a_wait_tensor_waits_for_the_collective_that_ended_there(tp_run: Path) -> None:
+    """DTensor's functional all-reduces are waited for (``wait_tensor``) inside the op that uses
+    the result. The graph cuts that op there, and the piece that resumed waits for a call that
+    ended while it sat (an edge), so a what-if that moves the call moves the wait. A call that
+    ended before its result was used woke nobody, so this asks it of the cut pieces, not of
+    every call."""
+    graph = RunAnalysis.open(tp_run).graph
+    nodes, edges = graph.nodes, graph.edges
+    resumed = nodes.index[nodes["resumed"].eq(True)]
+    assert len(resumed), "the 2x2 job's ops sat in wait_tensor: some were cut"
+    ends = {int(done) for row in graph.collectives.itertuples() for done in row.done}
+    woken = set(edges.loc[(edges["kind"] == "wait") & edges["src"].isin(ends), "dst"])
+    for piece in resumed:
+        assert piece in woken, (nodes.at[piece, "name"], nodes.at[piece, "rank"])
+
+
 def test_without_the_collective_log_a_gloo_trace_names_no_group(tp_run: Path) -> None:
     """The reason for the log: gloo's events name no group (the matcher would mix the four)."""
     events = RunAnalysis.open(tp_run).tables(0).events
