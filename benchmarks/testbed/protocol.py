@@ -3,7 +3,8 @@ measured interleaved and repeated, recorded once each as a prediction's source.
 
 A :class:`Config` is one job (:class:`~benchmarks.testbed.spec.JobSpec`) with DDP's settings,
 the number of hosts and their links' rate. :class:`Testbed` keeps one namespace cluster per
-host count for its whole life and re-shapes the links (``tc tbf``) before each run.
+host count for its whole life and re-shapes the links (``tc tbf`` with a small bucket,
+:data:`BURST_MS`) before each run.
 
 - :meth:`Testbed.measure` runs the job with no profiler and no dpro (rank 0 times its own
   steps) and returns the median of its steps after :data:`SKIP_STEPS`: the step time users see.
@@ -36,6 +37,10 @@ SKIP_STEPS = 5  # its first steps, left out (start-up, PowerSGD's uncompressed w
 RECORD_STEPS = 30
 RECORD_WINDOW = ["--skip", "10", "--warmup", "2", "--steps", "5"]
 RETRIES = 1  # a run whose rendezvous failed is run once more
+BURST_MS = 1.0
+"""The links' token bucket, in ms at their rate. A NIC has none: with tbf's 10 ms (375 KB at
+300 Mb/s) a call that fit the bucket, refilled during the compute before it, crossed at the
+veth's speed while a larger one ran at the rate, which no link model of a wire holds."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ class Testbed:
             cluster.__enter__()
             self._clusters[config.hosts] = cluster
         for host in range(config.hosts):
-            cluster.throttle(host, f"{config.rate_mbit}mbit")
+            cluster.throttle(host, f"{config.rate_mbit}mbit", burst_ms=BURST_MS)
         return cluster
 
     def _run(self, config: Config, what: str, start: Callable[[object], list[subprocess.CompletedProcess]]) -> None:

@@ -64,8 +64,8 @@ def _sh(*argv: str) -> str:
     return result.stdout
 
 
-def _tbf_burst(rate: str) -> int:
-    """Bucket size in bytes for a tc rate such as ``"20mbit"``: 10 ms worth, at least 32 KiB."""
+def _tbf_burst(rate: str, ms: float = 10.0) -> int:
+    """Bucket size in bytes for a tc rate such as ``"20mbit"``: ``ms`` worth, at least 32 KiB."""
     m = _RATE.fullmatch(rate.strip())
     if not m:
         raise ValueError(f"not a tc rate: {rate!r} (e.g. '20mbit', '500kbit', '1gbit')")
@@ -73,7 +73,7 @@ def _tbf_burst(rate: str) -> int:
     base = 1024 if binary else 1000
     bits_per_unit = 8 if (unit or "").lower() == "bps" else 1
     bits_per_s = float(number) * base ** " kmgt".index(scale.lower() or " ") * bits_per_unit
-    return max(int(bits_per_s / 8 / 100), 32 * 1024)
+    return max(int(bits_per_s / 8 * ms / 1000), 32 * 1024)
 
 
 def _nsswitch_files_only() -> str:
@@ -265,11 +265,13 @@ class NetnsCluster:
                 raise
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    def throttle(self, host: int, rate: str) -> None:
+    def throttle(self, host: int, rate: str, burst_ms: float = 10.0) -> None:
         """Limit a host's link to ``rate`` (a tc rate, e.g. ``"20mbit"``) in both directions:
-        a tbf qdisc on its veth (what it sends) and on the switch-side end (what it receives)."""
+        a tbf qdisc on its veth (what it sends) and on the switch-side end (what it receives).
+        Its bucket holds ``burst_ms`` at the rate (at least 32 KiB): what an idle link lets
+        through at the veth's speed before the rate holds."""
         h = self.hosts[host]
-        burst = str(_tbf_burst(rate))
+        burst = str(_tbf_burst(rate, burst_ms))
         for netns, dev in ((h.netns, h.veth), (self._port_netns(h), h.bridge_port)):
             _sh("tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
                 "burst", burst, "latency", "100ms")
