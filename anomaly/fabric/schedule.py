@@ -1,0 +1,142 @@
+"""Probe rounds for any fabric: every pair of hosts once, both directions at once, and no two
+probes of a round on one link in one direction.
+
+A round is a set of host pairs; each pair probes both ways at once (links are full duplex). On a
+known topology, each probe's path is the one the routing's hash picks
+(:class:`dpro.anomaly.fabric.routing.Routing`: per-hop ECMP the analysis can reproduce), and a
+round takes a pair only when none of its two paths' switch-to-switch links is already used in
+that direction by the round. So a pod sends as many pairs a round as its uplinks carry
+apart, instead of one (:func:`dpro.anomaly.health.pairwise.probe_rounds`' rule without routes).
+
+**Bound.** Each host probes once a round and each directed link carries one probe a round, so
+no schedule needs fewer rounds than :func:`lower_bound`: the larger of ``n - 1`` and the most
+probes the routes put on one directed link. On a full-bisection fat tree that link load grows as
+the hosts do (``n**2`` probes over about ``n`` links), so the rounds grow as the hosts: the
+schedule is greedy (pairs in the circle method's order, each round filled from the front of the
+pairs not yet placed) and :func:`schedule_stats` gives its rounds beside the bound.
+
+    >>> rounds = disjoint_rounds(Routing.build(fat_tree(1024, radix=16)))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpro.anomaly.fabric.probes import round_robin
+from dpro.anomaly.fabric.routing import Routing
+
+__all__ = ["ScheduleStats", "directed_links", "disjoint_rounds", "lower_bound", "schedule_stats"]
+
+WINDOW = 4
+"""Candidates a round considers, in hosts: ``WINDOW * n`` pairs from the front of those left."""
+
+
+def directed_links(routing: Routing, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Per probe, the switch-to-switch links it crosses as directed ids ``2 * link + way``
+    (``way`` 1 from the lower-numbered switch to the higher), ``(P, max_hops)``, -1 padded."""
+    links, switches = routing.route(src, dst)
+    way = (switches[:, :-1] < switches[:, 1:]).astype(np.int32)
+    return np.where(links >= 0, 2 * links + way, -1)
+
+
+def _pairs(n: int) -> np.ndarray:
+    """Every pair ``a < b`` of ``0..n-1``, round after round of the circle method
+    (:func:`dpro.anomaly.fabric.probes.round_robin`)."""
+    return np.sort(round_robin(n).reshape(-1, 2), axis=1)
+
+
+def _resources(routing: Routing, members: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per pair, what it holds for a round: its two hosts and both paths' directed links; and
+    how many resource ids there are."""
+    a, b = members[pairs[:, 0]], members[pairs[:, 1]]
+    ways = [directed_links(routing, a[s], b[s]) for s in _chunks(len(a))]
+    back = [directed_links(routing, b[s], a[s]) for s in _chunks(len(a))]
+    n_links = 2 * len(routing.links)
+    hosts = pairs.astype(np.int32) + n_links
+    held = np.concatenate([hosts, np.concatenate(ways), np.concatenate(back)], axis=1)
+    return held, n_links + len(members)
+
+
+def _chunks(n: int, size: int = 1 << 18) -> list[slice]:
+    return [slice(start, start + size) for start in range(0, n, size)]
+
+
+def disjoint_rounds(routing: Routing, members: np.ndarray | None = None) -> list[np.ndarray]:
+    """Rounds covering every pair of ``members`` (host indices of ``routing``; default all) once,
+    each pair both ways at once, no directed link used twice in a round (see the module
+    docstring). Each round is ``(P, 2)`` of positions in ``members``."""
+    members = np.arange(len(routing.hosts)) if members is None else np.asarray(members, np.int64)
+    n = len(members)
+    if n < 2:
+        return []
+    pairs = _pairs(n)
+    held, n_ids = _resources(routing, members, pairs)
+    width = held.shape[1]
+    owner = np.zeros(n_ids + 1, np.int64)  # the last id stands for the padding
+    held = np.where(held >= 0, held, n_ids)
+    left = np.zeros(0, np.int64)  # pairs tried and not placed, oldest first
+    cursor, rounds = 0, []
+    while len(left) or cursor < len(pairs):
+        take = max(0, WINDOW * n - len(left))
+        candidates = np.r_[left, np.arange(cursor, min(cursor + take, len(pairs)))]
+        cursor = min(cursor + take, len(pairs))
+        placed = _fill(held[candidates], owner, n_ids)
+        rounds.append(pairs[candidates[placed]])
+        left = candidates[~placed]
+    return rounds
+
+
+def _fill(held: np.ndarray, owner: np.ndarray, pad: int) -> np.ndarray:
+    """Which candidates (in priority order) a round takes: repeatedly, every candidate that is
+    first in line for all it holds, among those whose resources are still free."""
+    placed = np.zeros(len(held), bool)
+    used = np.zeros(len(owner), bool)
+    alive = np.arange(len(held))
+    while len(alive):
+        flat = held[alive]
+        owner[flat] = len(held)  # the first in line for each resource
+        np.minimum.at(owner, flat.ravel(), np.repeat(alive, flat.shape[1]))
+        first = (owner[flat] == alive[:, None]) | (flat == pad)
+        won = alive[first.all(axis=1)]
+        placed[won] = True
+        used[held[won].ravel()] = True
+        used[pad] = False
+        alive = alive[~placed[alive] & ~used[held[alive]].any(axis=1)]
+    return placed
+
+
+def lower_bound(routing: Routing, members: np.ndarray | None = None) -> int:
+    """The fewest rounds any schedule of every pair, both ways at once, one probe per directed
+    link a round, needs: the larger of ``n - 1`` and the most probes on one directed link."""
+    members = np.arange(len(routing.hosts)) if members is None else np.asarray(members, np.int64)
+    n = len(members)
+    if n < 2:
+        return 0
+    pairs = _pairs(n)
+    held, n_ids = _resources(routing, members, pairs)
+    links = held[:, 2:]
+    load = np.bincount(links[links >= 0].ravel(), minlength=n_ids)
+    return int(max(n - 1, load.max(initial=0)))
+
+
+@dataclass(frozen=True)
+class ScheduleStats:
+    """A schedule's rounds, its bound and its probing time at ``seconds`` a round."""
+
+    hosts: int
+    rounds: int
+    lower_bound: int
+    seconds: float
+
+    @property
+    def probe_s(self) -> float:
+        return self.rounds * self.seconds
+
+
+def schedule_stats(routing: Routing, rounds: list[np.ndarray], seconds: float,
+                   members: np.ndarray | None = None) -> ScheduleStats:
+    """:class:`ScheduleStats` of ``rounds`` over ``members``."""
+    n = len(routing.hosts) if members is None else len(members)
+    return ScheduleStats(n, len(rounds), lower_bound(routing, members), seconds)
