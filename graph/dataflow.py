@@ -41,6 +41,7 @@ from dpro.graph.kineto import TraceTables
 from dpro.graph.matching import match, pair_p2p
 from dpro.graph.reduction import RankReduction, reduce_tables
 from dpro.graph.typical import NESTED_CALL_EDGES
+from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 __all__ = ["DataflowGraph", "GraphError", "build_graph", "common_steps", "graph_from_traces", "text_as_categories"]
@@ -245,10 +246,15 @@ def _nested_lags_rescaled(edges: pd.DataFrame, recorded_ns: np.ndarray, compensa
 def _size_and_algorithm(nodes: pd.DataFrame, coll: str, k: int, ids: dict[int, int], bucket_bytes: list[int] | None,
                         algorithms: dict[tuple[str, int], str] | None) -> tuple[float, str | None]:
     """A matched collective's bytes (from the trace, else the DDP bucket it reduces) and the
-    algorithm NCCL chose for it (its kernel's name, else its log), None when not known."""
+    algorithm NCCL chose for it (its kernel's name, else its log), None when not known. The
+    bytes are those its algorithm's schedule divides (:func:`dpro.graph.collectives.schedule`):
+    the input's, but an all-gather's output (each rank's input times the ranks), as NCCL counts
+    them too."""
     known = nodes.loc[list(ids.values()), "nbytes"].dropna()
     first = nodes.loc[next(iter(ids.values()))]
     size = float(known.iloc[0]) if len(known) else float("nan")
+    if collective_family(coll) == "all_gather":
+        size *= len(ids)
     if size != size and coll == "all_reduce" and bucket_bytes and k < len(bucket_bytes):
         size = float(bucket_bytes[k])
     algorithm = kernel_algorithm(str(first["name"]))
