@@ -10,9 +10,8 @@ import pytest
 
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import disjoint_rounds, lower_bound
-from dpro.anomaly.fabric.topology import fat_tree
+from dpro.anomaly.fabric.topology import fat_tree, probe_tiers
 from dpro.anomaly.health.pairwise import probe_rounds
-from dpro.anomaly.fabric.topology import probe_tiers
 
 
 def _directed(routing: Routing, a: int, b: int) -> set[tuple[str, str]]:
@@ -22,20 +21,44 @@ def _directed(routing: Routing, a: int, b: int) -> set[tuple[str, str]]:
     return {(routing.links[l], routing.switches[s]) for l, s in zip(links[0], switches[0]) if l >= 0}
 
 
+def _assert_disjoint(routing: Routing, rounds: list[np.ndarray], members: np.ndarray) -> None:
+    for pairs in rounds:
+        assert len(np.unique(pairs)) == pairs.size, "a host probes one partner a round"
+        used: set[tuple[str, str]] = set()
+        for a, b in members[pairs].tolist():
+            both = _directed(routing, a, b) | _directed(routing, b, a)
+            assert not both & used, (a, b)
+            used |= both
+
+
 @pytest.mark.parametrize("hosts, radix", [(16, 4), (54, 6), (128, 8), (12, 8)])
 def test_every_pair_once_and_no_directed_link_twice_in_a_round(hosts: int, radix: int) -> None:
     routing = Routing.build(fat_tree(hosts, radix=radix))
     rounds = disjoint_rounds(routing)
     seen = [tuple(p) for r in rounds for p in r.tolist()]
     assert sorted(seen) == list(itertools.combinations(range(hosts), 2)), "every pair exactly once"
-    for pairs in rounds:
-        assert len(np.unique(pairs)) == pairs.size, "a host probes one partner a round"
-        used: set[tuple[str, str]] = set()
-        for a, b in pairs.tolist():
-            both = _directed(routing, a, b) | _directed(routing, b, a)
-            assert not both & used, (a, b)
-            used |= both
+    _assert_disjoint(routing, rounds, np.arange(hosts))
     assert hosts - 1 <= lower_bound(routing) <= len(rounds)
+
+
+def test_a_cable_carries_one_probe_each_way_in_a_round() -> None:
+    """Links are full duplex: some round of a k=8 fat tree uses a cable in both directions."""
+    routing = Routing.build(fat_tree(128, radix=8))
+    both_ways = 0
+    for pairs in disjoint_rounds(routing):
+        ways = {way for a, b in pairs.tolist() for way in _directed(routing, a, b) | _directed(routing, b, a)}
+        both_ways += sum(1 for link, switch in ways if any(l == link and s != switch for l, s in ways))
+    assert both_ways > 0
+
+
+def test_the_bound_is_the_busiest_directed_link_where_that_exceeds_n_minus_one() -> None:
+    routing = Routing.build(fat_tree(128, radix=8))
+    src, dst = (np.array(side) for side in zip(*itertools.permutations(range(128), 2)))
+    links, switches = routing.route(src, dst)  # every probe's hops, counted as (link, from switch)
+    hop = links >= 0
+    _, load = np.unique(np.stack([links[hop], switches[:, :-1][hop]], axis=1), axis=0, return_counts=True)
+    assert load.max() > 127
+    assert lower_bound(routing) == load.max()
 
 
 def test_a_pod_sends_as_many_pairs_a_round_as_its_uplinks_carry() -> None:
@@ -62,4 +85,5 @@ def test_a_subset_of_the_hosts_is_scheduled_among_themselves() -> None:
     members = np.array([0, 5, 9, 20, 33, 53])
     rounds = disjoint_rounds(routing, members)
     assert sorted(tuple(p) for r in rounds for p in r.tolist()) == list(itertools.combinations(range(6), 2))
+    _assert_disjoint(routing, rounds, members)
     assert disjoint_rounds(routing, members[:1]) == []

@@ -8,26 +8,29 @@ round takes a pair only when none of its two paths' switch-to-switch links is al
 that direction by the round. So a pod sends as many pairs a round as its uplinks carry
 apart, instead of one (:func:`dpro.anomaly.health.pairwise.probe_rounds`' rule without routes).
 
+**Only under known routes.** The rounds are link-disjoint under :class:`Routing`'s hash, which
+stands for routes the analysis can reproduce (InfiniBand's static routing, probes that pin their
+path). Under an ECMP hash the prober cannot see, two probes of a round may share a link; only
+the rule without routes is safe there.
+
 **Bound.** Each host probes once a round and each directed link carries one probe a round, so
 no schedule needs fewer rounds than :func:`lower_bound`: the larger of ``n - 1`` and the most
 probes the routes put on one directed link. On a full-bisection fat tree that link load grows as
 the hosts do (``n**2`` probes over about ``n`` links), so the rounds grow as the hosts: the
 schedule is greedy (pairs in the circle method's order, each round filled from the front of the
-pairs not yet placed) and :func:`schedule_stats` gives its rounds beside the bound.
+pairs not yet placed); ``benchmarks/probe_schedule.py`` measures its rounds beside the bound.
 
     >>> rounds = disjoint_rounds(Routing.build(fat_tree(1024, radix=16)))   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from dpro.anomaly.fabric.probes import round_robin
-from dpro.anomaly.fabric.routing import Routing
+from dpro.anomaly.fabric.routing import CHUNK, Routing
 
-__all__ = ["ScheduleStats", "directed_links", "disjoint_rounds", "lower_bound", "schedule_stats"]
+__all__ = ["directed_links", "disjoint_rounds", "lower_bound"]
 
 WINDOW = 4
 """Candidates a round considers, in hosts: ``WINDOW * n`` pairs from the front of those left."""
@@ -51,16 +54,13 @@ def _resources(routing: Routing, members: np.ndarray, pairs: np.ndarray) -> tupl
     """Per pair, what it holds for a round: its two hosts and both paths' directed links; and
     how many resource ids there are."""
     a, b = members[pairs[:, 0]], members[pairs[:, 1]]
-    ways = [directed_links(routing, a[s], b[s]) for s in _chunks(len(a))]
-    back = [directed_links(routing, b[s], a[s]) for s in _chunks(len(a))]
+    parts = [slice(start, start + CHUNK) for start in range(0, len(a), CHUNK)]  # bounded memory
+    ways = [directed_links(routing, a[s], b[s]) for s in parts]
+    back = [directed_links(routing, b[s], a[s]) for s in parts]
     n_links = 2 * len(routing.links)
     hosts = pairs.astype(np.int32) + n_links
     held = np.concatenate([hosts, np.concatenate(ways), np.concatenate(back)], axis=1)
     return held, n_links + len(members)
-
-
-def _chunks(n: int, size: int = 1 << 18) -> list[slice]:
-    return [slice(start, start + size) for start in range(0, n, size)]
 
 
 def disjoint_rounds(routing: Routing, members: np.ndarray | None = None) -> list[np.ndarray]:
@@ -73,7 +73,6 @@ def disjoint_rounds(routing: Routing, members: np.ndarray | None = None) -> list
         return []
     pairs = _pairs(n)
     held, n_ids = _resources(routing, members, pairs)
-    width = held.shape[1]
     owner = np.zeros(n_ids + 1, np.int64)  # the last id stands for the padding
     held = np.where(held >= 0, held, n_ids)
     left = np.zeros(0, np.int64)  # pairs tried and not placed, oldest first
@@ -108,8 +107,9 @@ def _fill(held: np.ndarray, owner: np.ndarray, pad: int) -> np.ndarray:
 
 
 def lower_bound(routing: Routing, members: np.ndarray | None = None) -> int:
-    """The fewest rounds any schedule of every pair, both ways at once, one probe per directed
-    link a round, needs: the larger of ``n - 1`` and the most probes on one directed link."""
+    """A bound no schedule of every pair (both ways at once, one probe per directed link a
+    round) beats: the larger of ``n - 1`` and the most probes on one directed link. Not always
+    reached: odd ``n`` needs ``n`` rounds, and the links' loads need not line up."""
     members = np.arange(len(routing.hosts)) if members is None else np.asarray(members, np.int64)
     n = len(members)
     if n < 2:
@@ -119,24 +119,3 @@ def lower_bound(routing: Routing, members: np.ndarray | None = None) -> int:
     links = held[:, 2:]
     load = np.bincount(links[links >= 0].ravel(), minlength=n_ids)
     return int(max(n - 1, load.max(initial=0)))
-
-
-@dataclass(frozen=True)
-class ScheduleStats:
-    """A schedule's rounds, its bound and its probing time at ``seconds`` a round."""
-
-    hosts: int
-    rounds: int
-    lower_bound: int
-    seconds: float
-
-    @property
-    def probe_s(self) -> float:
-        return self.rounds * self.seconds
-
-
-def schedule_stats(routing: Routing, rounds: list[np.ndarray], seconds: float,
-                   members: np.ndarray | None = None) -> ScheduleStats:
-    """:class:`ScheduleStats` of ``rounds`` over ``members``."""
-    n = len(routing.hosts) if members is None else len(members)
-    return ScheduleStats(n, len(rounds), lower_bound(routing, members), seconds)
