@@ -17,16 +17,13 @@ schedule's rounds may put two probes on one link.
 
 Goals: 1,024 hosts probed in <= 10 minutes at the default; the schedule computed in < 1 s.
 
-    python -m benchmarks.probe_schedule --json out.json
+    python -m benchmarks probe_schedule --json out.json   # --quick: up to 128 hosts
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import disjoint_rounds, lower_bound
@@ -47,9 +44,9 @@ def run(quick: bool = False) -> list[dict]:
                         "probing s (both ways at once)", "probing s (one way, then the other)")]
     for hosts, radix in FABRICS[:-1] if quick else FABRICS:
         topology = fat_tree(hosts, radix=radix)
-        routing = Routing.build(topology)
         start = time.perf_counter()
-        rounds = len(disjoint_rounds(Routing.build(topology)))  # the routes included
+        routing = Routing.build(topology)  # the routes count in the schedule's time
+        rounds = len(disjoint_rounds(routing))
         computed = time.perf_counter() - start
         bound = lower_bound(routing)
         rule = len(probe_rounds(hosts, [[t[h] for h in routing.hosts] for t in probe_tiers(topology, routing.hosts)])) \
@@ -77,20 +74,3 @@ def run(quick: bool = False) -> list[dict]:
     print(table(lines), file=sys.stderr)
     return rows
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.probe_schedule", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="up to 128 hosts")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
-    args = parser.parse_args(argv)
-    rows = run(quick=args.quick)
-    from benchmarks.__main__ import format_table
-
-    print(format_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
