@@ -413,9 +413,24 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
         gradients = collective_family(str(name)) in GRADIENT_FAMILIES
         for step_op in optimizer_steps[start[optimizer_steps] > start[i]][:1] if gradients else []:
             edges.append((i, int(step_op), max(0, int(start[step_op] - end[i])), "wait"))
+    _wake_after_the_last(edges)
     edges += _hand_offs(nodes, order, start, end, comm_threads)
     _trim_idle_gaps(order, edges, start, end)
     return edges + [tuple(e) for e in order.values()]
+
+
+def _wake_after_the_last(edges: list[tuple[int, int, int, str]]) -> None:
+    """An op that waited for several collectives resumed after the last of them: every wait
+    edge into it keeps the lag from that last end (the wake-up latency), the smallest of their
+    lags. An earlier collective's lag was the slack until the last one ended; kept, it would bind
+    wherever the replay ends that collective later relative to the others (another rank's
+    timing, a what-if), holding the op back by time it never waited (GPipe's wait for its
+    forward sends before the first backward)."""
+    latest: dict[int, int] = {}
+    for _, dst, lag, kind in edges:
+        if kind == "wait":
+            latest[dst] = min(latest.get(dst, lag), lag)
+    edges[:] = [(src, dst, latest[dst] if kind == "wait" else lag, kind) for src, dst, lag, kind in edges]
 
 
 def _hand_offs(nodes: pd.DataFrame, order: dict[int, list], start: np.ndarray, end: np.ndarray,

@@ -150,6 +150,22 @@ def test_pipeline_sends_are_paired_and_the_bubble_is_on_the_critical_path(pp_run
     assert out.returncode == 0 and "pipeline bubble" in out.stdout and "ScheduleGPipe" in out.stdout
 
 
+def test_an_op_woken_by_several_sends_waits_only_for_the_last(pp_run: Path) -> None:
+    """GPipe's stage 0 waits for its four forward sends before its first backward. It resumed
+    after the last of them: the wait edges into it keep that one's lag (the wake-up latency), not
+    each send's own slack until then, which would hold the backward back wherever the replay ends
+    an earlier send later than recorded (the bubble then vanished from the path under load)."""
+    graph = RunAnalysis.open(pp_run).graph
+    waits = graph.edges[graph.edges["kind"] == "wait"]
+    nodes = graph.nodes
+    several = waits.groupby("dst").filter(lambda g: len(g) > 1)
+    woken = nodes.loc[several["dst"].unique()]
+    assert ((woken["rank"] == 0) & woken["name"].astype(str).eq("Backward 0")).any(), "stage 0's first backward"
+    for dst, into in several.groupby("dst"):
+        kept = into.loc[into["lag_ns"] != 0, "lag_ns"]  # 0: ended while the thread was still busy
+        assert kept.nunique() <= 1, (nodes.at[dst, "name"], into)
+
+
 def test_fsdp_units_are_recorded_and_each_all_gather_feeds_its_unit(fsdp_run: Path) -> None:
     analysis = RunAnalysis.open(fsdp_run)
     units = analysis.parallelism.fsdp
