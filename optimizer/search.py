@@ -7,12 +7,12 @@
    :data:`MIN_CRITICAL_COMPUTE` of the step, operator fusion is left out likewise (fusing ops
    off the critical path cannot shorten the step). The report says so.
 2. **Single changes** first: each proposal of each pass alone.
-3. **Combinations** by simulated annealing: a state takes one option of each pass (or none); a
-   move changes one pass's option at random, and is taken when it predicts a faster step, or a
-   slower one with probability ``exp(-Δ / T)``, ``T`` starting at :data:`START_TEMPERATURE` of
-   the step and cooling by :data:`COOLING` a move; a walk frozen in a minimum restarts from a
-   state not yet predicted. Predictions are cached, so a small space is covered whole; the
-   search ends when it is, or when the time budget would be overrun.
+3. **Combinations** by simulated annealing (:func:`dpro.annealing.anneal`): a state takes one
+   option of each pass (or none); a move changes one pass's option at random, and is taken when
+   it predicts a faster step, or a slower one with probability ``exp(-Δ / T)``, ``T`` starting at
+   :data:`START_TEMPERATURE` of the step and cooling by :data:`COOLING` a move; a walk frozen in
+   a minimum restarts from a state not yet predicted. Predictions are cached, so a small space is
+   covered whole; the search ends when it is, or when the time budget would be overrun.
 
 Each speed-up trick can be switched on or off (:class:`Tricks`) to measure what it saves:
 critical-path guidance, and the cost model's incremental re-replay (a prediction's replays
@@ -38,6 +38,7 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ from dpro.analysis.compare import critical_path_breakdown
 from dpro.analysis.memory import rank_memory
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.whatif import Change, CostModel, Prediction
+from dpro.annealing import Landscape, Visit, anneal
 from dpro.errors import DproError
 
 from dpro.optimizer.memory import strategy_memory_bytes
@@ -201,8 +203,10 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     if len(axes) > 1:
         start = min((s for s in [(0,) * len(axes), *singles] if cache.get(s) is not None),
                     key=lambda s: cache[s].predicted_step_ms)
-        _anneal(evaluate, axes, start, recorded.predicted_step_ms, clock, cache.__contains__,
-                lambda: len(cache) >= space, random.Random(seed))
+        combinations = _Combinations(axes, evaluate, cache, clock, space,
+                                     START_TEMPERATURE * recorded.predicted_step_ms)
+        stuck_after = 4 * sum(len(options) for _, options in axes)  # moves to states predicted already
+        anneal(combinations, random.Random(seed), restart_after=stuck_after + 1, position=start)
     found = [e for e in cache.values() if e is not None]
     notes += [f"{count} strategies left out: {why}" for why, count in failing.items()]
     if budget_bytes is not None:
@@ -249,30 +253,41 @@ def _predict(cost: CostModel, strategy: Strategy, notes: list[str]) -> Predictio
         return None
 
 
-def _anneal(evaluate: Any, axes: list[tuple[str, list[dict[str, Any]]]], start: tuple[int, ...], step_ms: float,
-            clock: "_Budget", seen: Any, covered: Any, rng: random.Random) -> None:
-    """Simulated annealing over combinations from ``start``, until the space is ``covered()``
-    or the budget is spent. A walk whose moves have all been predicted already (it froze in a
-    minimum) restarts, hot, from a state not ``seen`` yet."""
-    state, energy = start, evaluate(start).predicted_step_ms
-    temperature = START_TEMPERATURE * step_ms
-    stuck_after = 4 * sum(len(options) for _, options in axes)
-    idle = 0
-    while clock.allows() and not covered():
-        if idle > stuck_after:
-            state = rng.choice([s for s in itertools.product(*(range(len(o) + 1) for _, o in axes)) if not seen(s)])
-            found = evaluate(state)
-            energy = math.inf if found is None else found.predicted_step_ms
-            temperature, idle = START_TEMPERATURE * step_ms, 0
-            continue
-        axis = rng.randrange(len(axes))
-        candidate = state[:axis] + (rng.randrange(len(axes[axis][1]) + 1),) + state[axis + 1:]
-        idle = idle + 1 if seen(candidate) else 0
-        found = evaluate(candidate)
-        if found is not None and (found.predicted_step_ms <= energy or
-                                  rng.random() < math.exp((energy - found.predicted_step_ms) / temperature)):
-            state, energy = candidate, found.predicted_step_ms
-        temperature = max(temperature * COOLING, 1e-6)
+@dataclass
+class _Combinations(Landscape[tuple[int, ...]]):
+    """The passes' combinations as a landscape to anneal: a state takes one option of each pass (0:
+    none), a move changes one pass's option, a restart goes to a state not predicted yet, the
+    energy is the predicted step (ms) and the temperature cools by :data:`COOLING` a move."""
+
+    axes: list[tuple[str, list[dict[str, Any]]]]
+    evaluate: Callable[[tuple[int, ...]], Evaluated | None]
+    cache: dict[tuple[int, ...], Evaluated | None]
+    clock: _Budget
+    space: int
+    start_temperature: float
+
+    def stop(self) -> bool:
+        return not self.clock.allows() or len(self.cache) >= self.space
+
+    def start(self, rng: random.Random) -> tuple[int, ...]:
+        states = itertools.product(*(range(len(options) + 1) for _, options in self.axes))
+        return rng.choice([s for s in states if s not in self.cache])
+
+    def neighbour(self, state: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:
+        axis = rng.randrange(len(self.axes))
+        return state[:axis] + (rng.randrange(len(self.axes[axis][1]) + 1),) + state[axis + 1:]
+
+    def visit(self, state: tuple[int, ...], position: tuple[int, ...] | None) -> Visit:
+        seen = state in self.cache
+        self.evaluate(state)
+        return Visit.SEEN if seen else Visit.NEW
+
+    def energy(self, state: tuple[int, ...]) -> float | None:
+        found = self.cache.get(state)
+        return None if found is None else found.predicted_step_ms
+
+    def temperature(self, moves: int) -> float:
+        return max(self.start_temperature * COOLING ** moves, 1e-6)
 
 
 class _Budget:

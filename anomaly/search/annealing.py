@@ -3,10 +3,10 @@ space drives an objective (throughput far below what is expected, or a counter r
 extreme; each anomaly found is confirmed by a second measurement and reduced to its minimal
 feature set.
 
-The walk starts from a random workload and moves one feature at a time
-(:meth:`WorkloadSpace.neighbour`), favouring the features whose moves have changed the energy
-most so far; a move is kept when it lowers the objective's energy, or with probability
-``exp(-increase / temperature)``, the temperature falling geometrically from
+The walk (:func:`dpro.annealing.anneal`) starts from a random workload and moves one feature
+at a time (:meth:`WorkloadSpace.neighbour`), favouring the features whose moves have changed
+the energy most so far; a move is kept when it lowers the objective's energy, or with
+probability ``exp(-increase / temperature)``, the temperature falling geometrically from
 ``start_temperature`` to ``end_temperature`` as the budget is spent. Minimal feature set: from the
 anomalous workload, each feature that differs from the benign baseline is reset to the baseline's
 value in turn, and the workload re-measured; the reset is kept when the anomaly persists, so
@@ -19,12 +19,13 @@ against the budget; an engine's failure or exception is recorded in its trial, n
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from dpro.annealing import Ending, Landscape, Visit, anneal
 
 from dpro.anomaly.engines.base import Endpoint, Engine, Result, Workload
 from dpro.anomaly.search.objectives import CounterObjective, Objective, ThroughputObjective
@@ -35,6 +36,8 @@ _MIN_WEIGHT = 0.02  # of a feature whose moves have not changed the energy
 _RESTART_AFTER = 20  # moves in a row to already-measured or explained workloads before a random restart
 _IDLE_PROPOSALS = 200  # ... and before giving up
 _FIRST_FAILURES = 5  # this many failures and no success from the start: the hosts are misconfigured, stop
+_ENDINGS = {Ending.STOPPED: "budget spent", Ending.IDLE: "no unmeasured workload left",
+            Ending.NOWHERE: "no valid workload to move to"}
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,9 @@ def search(engine: Engine, server: Endpoint, client: Endpoint, *, space: Workloa
     objective = objective or ThroughputObjective()
     out = SearchResult(engine.name, objective, space, budget, seed)
     lab = _Lab(engine, server, client, space, objective, budget, duration_s, timeout_s, clock, on_trial, out)
-    _anneal(lab, random.Random(seed), start_temperature, end_temperature)
+    walk = _Workloads(lab, start_temperature, end_temperature)
+    ending = anneal(walk, random.Random(seed), restart_after=_RESTART_AFTER, give_up_after=_IDLE_PROPOSALS)
+    out.stopped = out.stopped or _ENDINGS[ending]
     out.elapsed_s = clock() - lab.start
     if isinstance(objective, CounterObjective) and not objective.seen:
         out.notes.append(f"no measurement had the counter {objective.counter!r} on either endpoint")
@@ -201,46 +206,59 @@ class _Lab:
         return any(all(values[n] == v for n, v in a.minimal.items()) for a in self.out.anomalies)
 
 
-def _anneal(lab: _Lab, rng: random.Random, start_temperature: float, end_temperature: float) -> None:
-    """The annealing walk, restarted from a random workload after each anomaly and when all its
-    neighbours are measured, until the budget is spent or nothing new is left to measure."""
-    current: Trial | None = None
-    effects = _Effects()
-    idle = 0
-    while not lab.exhausted():
-        if idle >= _IDLE_PROPOSALS:
-            lab.out.stopped = "no unmeasured workload left"
-            return
-        if idle and idle % _RESTART_AFTER == 0:  # all around the walk is measured: start afresh elsewhere
-            current = None
-        proposal = (lab.space.random(rng) if current is None
-                    else lab.space.neighbour(current.workload, rng, effects.weights(lab.space.names)))
-        if proposal is None:
-            lab.out.stopped = "no valid workload to move to"
-            return
-        if lab.explained(proposal) or proposal in lab.first:  # nothing new to measure there
-            idle += 1
-            if not lab.explained(proposal):
-                current = _step(lab, rng, current, lab.first[proposal], start_temperature, end_temperature)
-            continue
-        trial = lab.measure(proposal, "search", _temperature(lab.progress(), start_temperature, end_temperature))
+class _Workloads(Landscape[Workload]):
+    """The workload space as a landscape to anneal: a walk starts from a random workload, moves one
+    feature (favouring those whose moves changed the energy most, :class:`_Effects`), measures each
+    workload once, skips those an anomaly found already explains, and restarts after each anomaly;
+    the temperature falls geometrically with the budget spent."""
+
+    def __init__(self, lab: _Lab, start_temperature: float, end_temperature: float) -> None:
+        self.lab, self.effects = lab, _Effects()
+        self.start_temperature, self.end_temperature = start_temperature, end_temperature
+
+    def stop(self) -> bool:
+        return bool(self.lab.out.stopped) or self.lab.exhausted()
+
+    def start(self, rng: random.Random) -> Workload | None:
+        return self.lab.space.random(rng)
+
+    def neighbour(self, state: Workload, rng: random.Random) -> Workload | None:
+        return self.lab.space.neighbour(state, rng, self.effects.weights(self.lab.space.names))
+
+    def visit(self, state: Workload, position: Workload | None) -> Visit:
+        """Measure ``state`` if new; settle an anomaly it shows. A restart also ends the walk where
+        the budget is spent or the search stopped (:attr:`SearchResult.stopped`)."""
+        lab = self.lab
+        if lab.explained(state):
+            return Visit.SKIPPED
+        if state in lab.first:
+            return Visit.SEEN
+        trial = lab.measure(state, "search", self.temperature(0))
         if trial is None:
-            break
+            return Visit.RESTART
         if len(lab.out.trials) >= _FIRST_FAILURES and not any(t.result.ok for t in lab.out.trials):
             lab.out.stopped = (f"the first {len(lab.out.trials)} measurements all failed, the last with: "
                                f"{'; '.join(trial.result.errors)}")
-            return
-        idle = 0
+            return Visit.RESTART
         if trial.anomalous and _settle(lab, trial):
             if not lab.out.anomalies[-1].minimal:
                 lab.out.stopped = "the baseline itself is anomalous"
-                return
-            current = None
-            continue
-        if current is not None:
-            effects.record(lab.space, current, trial, lab.objective)
-        current = _step(lab, rng, current, trial, start_temperature, end_temperature)
-    lab.out.stopped = lab.out.stopped or "budget spent"
+            return Visit.RESTART
+        if position is not None:
+            self.effects.record(lab.space, lab.first[position], trial, lab.objective)
+        return Visit.NEW
+
+    def energy(self, state: Workload) -> float | None:
+        return self.lab.objective.energy(self.lab.first[state].result)
+
+    def temperature(self, moves: int) -> float:
+        """The same at any move: ``start_temperature`` to ``end_temperature`` as the budget is spent."""
+        return self.start_temperature * (self.end_temperature / self.start_temperature) ** self.lab.progress()
+
+    def weighed(self, state: Workload, accepted: bool) -> None:
+        trial = self.lab.first[state]
+        if trial.kind == "search" and trial.accepted is None:
+            trial.accepted = accepted
 
 
 class _Effects:
@@ -263,26 +281,6 @@ class _Effects:
         raw = {n: max(means[n], _MIN_WEIGHT) if n in means else untried for n in names}
         total = sum(raw.values())
         return {n: (1 - _FOCUS) / len(names) + _FOCUS * w / total for n, w in raw.items()}
-
-
-def _temperature(progress: float, start: float, end: float) -> float:
-    return start * (end / start) ** progress
-
-
-def _step(lab: _Lab, rng: random.Random, current: Trial | None, candidate: Trial,
-          start_temperature: float, end_temperature: float) -> Trial:
-    """The walk's next position: ``candidate`` if accepted (recorded in its trial), else ``current``."""
-    new, old = lab.objective.energy(candidate.result), None if current is None else lab.objective.energy(current.result)
-    if new is None:
-        accept = current is None or old is None
-    elif old is None or new <= old:
-        accept = True
-    else:
-        temperature = _temperature(lab.progress(), start_temperature, end_temperature)
-        accept = rng.random() < math.exp(-(new - old) / temperature)
-    if candidate.kind == "search" and candidate.accepted is None:
-        candidate.accepted = accept
-    return candidate if accept or current is None else current
 
 
 def _settle(lab: _Lab, found: Trial) -> bool:
