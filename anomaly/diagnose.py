@@ -8,7 +8,7 @@ import networkx as nx
 import numpy as np
 
 from dpro.anomaly.fabric import probes as probe_analysis
-from dpro.anomaly.fabric import tomography
+from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.topology import hosts as topology_hosts
 from dpro.anomaly.fabric.topology import read_topology
 from dpro.analysis import RunAnalysis
@@ -30,8 +30,9 @@ def diagnose(run: RunAnalysis | None = None, probe_matrix: Any = None, topology:
     (:class:`dpro.anomaly.fabric.probes.Probes`, an ``n × n`` bandwidth matrix whose hosts are
     the topology's, or a file for :func:`dpro.anomaly.fabric.probes.read_probes`).
     ``topology``: a graph or a file for :func:`dpro.anomaly.fabric.topology.read_topology`;
-    with probes, tomography names NICs, links and switches, else the probe matrix alone names
-    hosts and paths. A NIC or host suspect lists the run's ranks on that host.
+    with probes, the fabric's localizer (:mod:`dpro.anomaly.fabric.localize`) names NICs,
+    links and switches one direction at a time, else the probe matrix alone names hosts and
+    paths. A NIC or host suspect lists the run's ranks on that host.
     """
     suspects: list[Suspect] = []
     rank_hosts: dict[int, str] = {}
@@ -53,10 +54,7 @@ def diagnose(run: RunAnalysis | None = None, probe_matrix: Any = None, topology:
             probe_matrix = probe_analysis.from_matrix(probe_matrix, names)
         elif not isinstance(probe_matrix, probe_analysis.Probes):
             probe_matrix = probe_analysis.read_probes(probe_matrix)
-        if topology is not None:
-            suspects += tomography.localize(topology, probe_matrix)
-        else:
-            suspects += probe_analysis.analyze(probe_matrix)
+        suspects += localize(topology, probe_matrix)
     return [_with_ranks(s, rank_hosts) for s in strongest(suspects)]
 
 

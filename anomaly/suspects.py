@@ -2,8 +2,8 @@
 
 Each :class:`Suspect` names a component (``rank``, ``host``, ``gpu``, ``nic``, ``link``, ``switch``;
 or ``path``, the probes between two hosts, when no topology is given to resolve it into links)
-with a ``score``: how far it stands out from the noise as a robust z-score (for tomography,
-the signed root of its log-likelihood ratio, on the same scale). :func:`to_json` gives::
+with a ``score``: how far it stands out from the noise as a robust z-score (for the fabric's
+localizer, the pooled or counted ``z`` of the probes that may cross it). :func:`to_json` gives::
 
     {"suspects": [{"kind": "nic", "name": "h17/nic0", "rank": null, "host": "h17",
                    "score": 41.2, "evidence": {...}}, ...]}

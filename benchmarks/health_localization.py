@@ -5,9 +5,11 @@
 leaving a switch, adds other tenants' flows, shares links max-min fairly and adds
 multiplicative measurement noise. The only thing it shares with dpro is the topology file
 format. dpro's side is the health check's own path: the probe schedule of
-:func:`dpro.anomaly.health.pairwise.probe_rounds` (one pair per round leaving any edge
-switch or pod) and :func:`dpro.anomaly.health.network.judge_network`, which localizes with
-the topology (:mod:`dpro.anomaly.fabric.directed`).
+:func:`dpro.anomaly.fabric.schedule.probe_rounds` (one pair per round leaving any edge
+switch or pod), the follow-up probes where the first sweep leaves a class in doubt
+(:func:`dpro.anomaly.fabric.follow_up.probe_adaptively`), and
+:func:`dpro.anomaly.health.network.judge_network`, which localizes with the topology
+(:mod:`dpro.anomaly.fabric.localize`).
 
 **Faults.** One per trial: an access link (40%; either direction, i.e. a NIC sending or
 receiving), an inter-switch link (40%, either direction) or a switch (20%: every link leaving
@@ -22,12 +24,15 @@ the leaf–spine with 50 Gb/s uplinks.
 suspect is right. Recall: found faults / faults, with a Wilson 95% interval; precision: right
 suspects / suspects, with a bootstrap 95% interval over trials (nan when nothing was named).
 Trials without a fault give the false-alarm rate. The baseline is what ``dpro health`` names
-without a topology (:func:`matrix_only`): the hosts its analysis of the probe matrix flags, each
-standing for both directions of its access link.
+without a topology (:func:`matrix_only`) from the first sweep: the hosts its analysis of the
+probe matrix flags, each standing for both directions of its access link. Beside it: what the
+localizer names from the first sweep alone, and the probes a trial spent.
 
-**Tuning vs scoring.** The localizer's ``clip``, ``z_class`` and ``z_count`` were chosen by :func:`tune`
-on trials of ``TUNING_SEED`` (``python -m benchmarks.health_localization --tune``); the
-figures come from trials of ``SCORING_SEED``, never used for tuning.
+**Tuning vs scoring.** The localizer's ``clip``, ``z_class`` and ``z_count`` were chosen on the
+first sweep alone, on trials of ``TUNING_SEED``; the follow-up's ``doubt`` and the pooled
+threshold after it by :func:`tune` on trials of the same seed (``python -m benchmarks.health_localization --tune``), the
+held-out fabric never among them; the figures come from trials of ``SCORING_SEED``, never used
+for tuning.
 
     python -m benchmarks health_localization [--quick]
 """
@@ -43,12 +48,14 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.fabric.directed import CLIP, Z_CLASS, Z_COUNT, localize_directed
+from dpro.anomaly.fabric.follow_up import CONFIRM, DOUBT, EXTRA, PASSES, probe_adaptively
+from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
+from dpro.anomaly.fabric.localize import CLIP, Z_CLASS, Z_COUNT, localize
 from dpro.anomaly.fabric.probes import Probes, analyze
 from dpro.anomaly.fabric.topology import from_spec, probe_tiers
 from dpro.anomaly.health.model import HealthReport
 from dpro.anomaly.health.network import judge_network
-from dpro.anomaly.health.pairwise import probe_rounds
+from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.suspects import Suspect
 
 from . import fabric_sim as sim
@@ -62,9 +69,19 @@ LIGHT, HEAVY = sim.Background(flows=0.25, max_demand=0.5), sim.Background(flows=
 HEAVY_NOISE = 0.05
 KINDS = (("access", 0.4), ("inter-switch", 0.4), ("switch", 0.2))
 GOAL_RECALL, GOAL_PRECISION, GOAL_SIZE, GOAL_ALARMS = 0.95, 0.90, 0.10, 0.05
-CLIPS, Z_CLASSES, Z_COUNTS = (2.5, 3.0), (5.0, 6.0), (3.5, 4.0, 5.0)
+DOUBTS, Z_CLASSES = (0.3, 0.5), (5.0, 5.5, 6.0)
 
 Localize = Callable[["Case", Probes], list[Suspect]]
+
+
+@dataclass(frozen=True)
+class Follow:
+    """The follow-up's settings (:mod:`dpro.anomaly.fabric.follow_up`); ``extra=0``: the first sweep only."""
+
+    doubt: float = DOUBT
+    confirm: float = CONFIRM
+    extra: float = EXTRA
+    passes: int = PASSES
 
 
 @dataclass
@@ -74,21 +91,26 @@ class Case:
     name: str
     fabric: sim.Fabric
     topology: nx.MultiGraph = field(init=False)
+    tiers: list[list[str]] = field(init=False)
     rounds: list[list[tuple[int, int]]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.topology = from_spec(sim.topology_spec(self.fabric))
-        tiers = probe_tiers(self.topology, self.fabric.hosts)
-        self.rounds = probe_rounds(len(self.fabric.hosts), [[tier[h] for h in self.fabric.hosts] for tier in tiers])
+        self.tiers = [[tier[h] for h in self.fabric.hosts] for tier in probe_tiers(self.topology, self.fabric.hosts)]
+        self.rounds = probe_rounds(len(self.fabric.hosts), self.tiers)
 
 
 @dataclass
 class Tally:
     """Per trial of one point of the sweep: the fault's kind, whether it was found, suspects
-    right and named (and the baseline's), and the localizer's seconds."""
+    right and named (and the baseline's), whether the first sweep alone found it, the probes
+    spent, and the localizer's seconds."""
 
     kinds: list[str] = field(default_factory=list)
     found: list[bool] = field(default_factory=list)
+    first_found: list[bool] = field(default_factory=list)
+    first_named: list[int] = field(default_factory=list)
+    probes: list[int] = field(default_factory=list)
     right: list[int] = field(default_factory=list)
     named: list[int] = field(default_factory=list)
     baseline_found: list[bool] = field(default_factory=list)
@@ -146,22 +168,34 @@ def finds(suspect: Suspect, fault: sim.Fault) -> bool:
 
 
 def trial(case: Case, rng: np.random.Generator, size: float, noise: float, background: sim.Background,
-          tally: Tally, localize: Localize = health_check) -> None:
-    """Inject a fault of ``size`` (none for 0), probe on the health check's schedule, localize,
-    and score the suspects and the baseline's into ``tally``."""
+          tally: Tally, localize: Localize = health_check, follow_up: Follow = Follow()) -> None:
+    """Inject a fault of ``size`` (none for 0), probe on the health check's schedule and follow
+    up where the evidence is in doubt (:func:`dpro.anomaly.fabric.follow_up.probe_adaptively`),
+    localize, and score the suspects, the first sweep's alone and the baseline's into ``tally``."""
     fault = draw_fault(case.fabric, rng, size) if size > 0 else None
-    rows = np.array(sim.measure(case.fabric, case.rounds, [fault] if fault else [], noise, background, rng))
-    probes = Probes(case.fabric.hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64),
-                    rows[:, 2].astype(np.int64), rows[:, 3])
+
+    def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+        rows = np.array(sim.measure(case.fabric, rounds, [fault] if fault else [], noise, background, rng))
+        return Probes(case.fabric.hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64),
+                      rows[:, 2].astype(np.int64) + first_round, rows[:, 3])
+
     started = time.perf_counter()
+    probes, _ = probe_adaptively(measure, case.topology, case.tiers, case.rounds, follow_up.extra, follow_up.passes,
+                                 follow_up.doubt, follow_up.confirm)
     suspects = localize(case, probes)
     tally.seconds.append(time.perf_counter() - started)
+    first = probes.round < len(case.rounds)
+    first_sweep = Probes(probes.hosts, probes.src[first], probes.dst[first], probes.round[first], probes.value[first])
     right = [fault is not None and finds(s, fault) for s in suspects]
     tally.kinds.append(kind_of(case.fabric, fault) if fault else "")
     tally.found.append(any(right))
     tally.right.append(sum(right))
     tally.named.append(len(suspects))
-    blamed = matrix_only(probes)
+    tally.probes.append(len(probes.value))
+    alone = localize(case, first_sweep)
+    tally.first_found.append(fault is not None and any(finds(s, fault) for s in alone))
+    tally.first_named.append(len(alone))
+    blamed = matrix_only(first_sweep)
     tally.baseline_found.append(fault is not None and any(finds(s, fault) for s in blamed))
     tally.baseline_right.append(sum(fault is not None and finds(s, fault) for s in blamed))
     tally.baseline_named.append(len(blamed))
@@ -174,7 +208,7 @@ def points() -> list[tuple[sim.Background, float, float]]:
 
 
 def sweep(seed: int, faults: int, grid: list[tuple[sim.Background, float, float]],
-          localize: Localize = health_check, fabrics: list[Case] | None = None
+          localize: Localize = health_check, fabrics: list[Case] | None = None, follow_up: Follow = Follow()
           ) -> dict[tuple[str, sim.Background, float, float], Tally]:
     """``faults`` trials of every case at every point of ``grid``."""
     rng = np.random.default_rng(seed)
@@ -183,7 +217,7 @@ def sweep(seed: int, faults: int, grid: list[tuple[sim.Background, float, float]
         for background, noise, size in grid:
             tally = out[case.name, background, noise, size] = Tally()
             for _ in range(faults):
-                trial(case, rng, size, noise, background, tally, localize)
+                trial(case, rng, size, noise, background, tally, localize, follow_up)
     return out
 
 
@@ -223,23 +257,27 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
     each with its 95% interval and the matrix-only baseline beside it."""
     rng = np.random.default_rng(0)
     by_name = {c.name: c for c in fabrics}
+    first_sweep = {c.name: 2 * sum(len(r) for r in c.rounds) for c in fabrics}  # probes: both ways of each pair
     exposure = {(name, bg): slowed_by_background(by_name[name], bg, seed) for name, bg, _, _ in results}
     rows = []
     for (name, background, noise, size), t in results.items():
         case = (f"{name}, others slow {exposure[name, background]:.0%} of probes, noise {noise:.0%}, "
                 + (f"fault {size:.0%}" if size else "no fault") + f", {len(t.found)} trials (seed {seed})")
+        spent = f"{np.mean(t.probes):.0f} probes a trial, {np.mean(t.probes) / first_sweep[name]:.2f}x the first sweep"
         if not size:
             alarms, baseline = np.mean(np.asarray(t.named) > 0), np.mean(np.asarray(t.baseline_named) > 0)
             low, high = wilson(int(np.sum(np.asarray(t.named) > 0)), len(t.named))
-            rows.append(_row(case, f"false alarms [{low:.2f}, {high:.2f}]", alarms, baseline, f"<= {GOAL_ALARMS}",
-                             alarms <= GOAL_ALARMS))
+            rows.append(_row(case, f"false alarms [{low:.2f}, {high:.2f}] (first sweep alone "
+                             f"{np.mean(np.asarray(t.first_named) > 0):.3f}; {spent})", alarms, baseline,
+                             f"<= {GOAL_ALARMS}", alarms <= GOAL_ALARMS))
             continue
         goal = size >= GOAL_SIZE
         recall = float(np.mean(t.found))
         low, high = wilson(sum(t.found), len(t.found))
         by_kind = ", ".join(f"{kind} {sum(f for f, k in zip(t.found, t.kinds) if k == kind)}/{t.kinds.count(kind)}"
                             for kind, _ in KINDS)
-        rows.append(_row(case, f"recall [{low:.2f}, {high:.2f}] ({by_kind})", recall, float(np.mean(t.baseline_found)),
+        rows.append(_row(case, f"recall [{low:.2f}, {high:.2f}] ({by_kind}; first sweep alone "
+                         f"{np.mean(t.first_found):.3f}; {spent})", recall, float(np.mean(t.baseline_found)),
                          f">= {GOAL_RECALL}" if goal else "none (< 10%)", recall >= GOAL_RECALL or not goal))
         precision = sum(t.right) / sum(t.named) if sum(t.named) else float("nan")
         baseline = sum(t.baseline_right) / sum(t.baseline_named) if sum(t.baseline_named) else float("nan")
@@ -252,25 +290,28 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
     return rows
 
 
-def tune(faults: int = TUNING_FAULTS) -> tuple[float, float, float]:
-    """The (clip, z_class, z_count) of the grid with the best recall at 10–40% faults under
-    ``LIGHT`` background, among those with at most ``GOAL_ALARMS`` false alarms there at every
-    noise; trials of ``TUNING_SEED`` only. Prints each setting's figures."""
-    grid = [(LIGHT, noise, size) for noise in (0.03, 0.10) for size in (0.0, *SIZES[1:])]
-    best, best_recall = (float("nan"),) * 3, -1.0
-    for setting in itertools.product(CLIPS, Z_CLASSES, Z_COUNTS):
-        clip, z_class, z_count = setting
+def tune(faults: int = TUNING_FAULTS) -> tuple[float, float]:
+    """The follow-up's ``doubt`` and the pooled threshold after it (``z_class``) of the grid with
+    the best recall at 10–40% faults under ``LIGHT`` background, among those with at most
+    ``GOAL_ALARMS`` false alarms there at every noise; at most one more sweep's pairs
+    (``extra`` 1, the check's time); trials of ``TUNING_SEED`` on the tuned fabrics only. Prints
+    each setting's figures. (The localizer's own thresholds were tuned so before, on the first
+    sweep alone.)"""
+    grid = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
+    best, best_recall = (DOUBT, FOLLOWED_Z_CLASS), -1.0
+    for doubt, z_class in itertools.product(DOUBTS, Z_CLASSES):
 
-        def localize(case: Case, probes: Probes) -> list[Suspect]:
-            return localize_directed(case.topology, probes, z_class=z_class, clip=clip, z_count=z_count)
+        def tuned(case: Case, probes: Probes) -> list[Suspect]:
+            return localize(case.topology, probes, z_class=z_class)
 
-        results = sweep(TUNING_SEED, faults, grid, localize, cases(held_out=False))
+        results = sweep(TUNING_SEED, faults, grid, tuned, cases(held_out=False), Follow(doubt=doubt))
         alarms = max(np.mean([n > 0 for n in t.named]) for (_, _, _, size), t in results.items() if not size)
         recall = float(np.mean([np.mean(t.found) for (_, _, _, size), t in results.items() if size]))
-        print(f"clip {clip}, z_class {z_class}, z_count {z_count}: worst false alarms {alarms:.2f}, "
-              f"mean recall {recall:.3f}", flush=True)
+        probes = float(np.mean([p for t in results.values() for p in t.probes]))
+        print(f"doubt {doubt}, z_class {z_class}: worst false alarms {alarms:.3f}, mean recall {recall:.3f}, "
+              f"{probes:.0f} probes a trial", flush=True)
         if alarms <= GOAL_ALARMS and recall > best_recall:
-            best, best_recall = setting, recall
+            best, best_recall = (doubt, z_class), recall
     return best
 
 
@@ -289,9 +330,10 @@ def _row(case: str, metric: str, value: float, baseline: float, goal: str, met: 
 
 if __name__ == "__main__":
     if "--tune" in sys.argv:
-        clip, z_class, z_count = tune()
-        print(f"chosen on seed {TUNING_SEED}: clip {clip}, z_class {z_class}, z_count {z_count} "
-              f"(the localizer's defaults: clip {CLIP}, z_class {Z_CLASS}, z_count {Z_COUNT})")
+        doubt, z_class = tune()
+        print(f"chosen on seed {TUNING_SEED}: doubt {doubt}, z_class after the follow-up {z_class} (the defaults: "
+              f"doubt {DOUBT}, z_class {FOLLOWED_Z_CLASS}; the localizer's own, tuned before on the first sweep: "
+              f"clip {CLIP}, z_class {Z_CLASS}, z_count {Z_COUNT})")
     else:
         from .__main__ import format_table
 

@@ -4,7 +4,7 @@ For each fat tree (:func:`dpro.anomaly.fabric.topology.fat_tree`), every pair of
 once, no directed link shared by two probes of a round under the routing's hash
 (:func:`dpro.anomaly.fabric.schedule.disjoint_rounds`). Printed beside it: the bound no such
 schedule can beat (:func:`~dpro.anomaly.fabric.schedule.lower_bound`), the rule without routes
-(:func:`dpro.anomaly.health.pairwise.probe_rounds`: one pair leaves a pod a round; up to 128
+(:func:`dpro.anomaly.fabric.schedule.probe_rounds`: one pair leaves a pod a round; up to 128
 hosts, it takes too long to compute beyond), how long the schedule took to compute, and the
 probing time at the default 0.4 s a direction: a round takes 0.4 s when a pair probes both ways
 at once (what the schedule is built for) and 0.8 s one way after the other (what ``dpro
@@ -29,7 +29,7 @@ from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import disjoint_rounds, lower_bound
 from dpro.anomaly.fabric.topology import fat_tree, probe_tiers
 from dpro.anomaly.health.config import Pairwise
-from dpro.anomaly.health.pairwise import probe_rounds
+from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.cli.options import table
 
 FABRICS = ((16, 4), (54, 6), (128, 8), (1024, 16))

@@ -123,7 +123,8 @@ def test_the_visible_window_downloads_as_a_chrome_trace(browser, dashboard, down
     trace = json.loads(next(downloads.glob("*.json")).read_text())
     ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(ops) == shown and {e["pid"] for e in ops} == {0, 1}
-    assert "ui.perfetto.dev" in _text(browser, "timeline-status")
+    # the status is the download callback's second output: it may land after the file
+    _wait(browser).until(lambda b: "ui.perfetto.dev" in _text(b, "timeline-status"))
     assert not _console_errors(browser)
 
 
@@ -195,7 +196,7 @@ def test_the_optimizer_report_is_shown_with_its_strategies(browser, dashboard_wi
 def test_diagnosis_draws_the_probes_and_marks_the_suspect_on_the_topology(browser, dashboard_with_extras):
     _open(browser, dashboard_with_extras + "/diagnosis", "#topology .main-svg")
     assert browser.find_elements(By.CSS_SELECTOR, "#probe-matrix .main-svg")
-    assert "node3/nic0" in _text(browser, "suspects")  # tomography names node3's NIC
+    assert "node3/nic0" in _text(browser, "suspects")  # the localizer names node3's NIC
     colors = browser.execute_script(
         "return document.querySelector('#topology .js-plotly-plot').data.at(-1).marker.color")
     names = browser.execute_script("return document.querySelector('#topology .js-plotly-plot').data.at(-1).text")

@@ -21,14 +21,16 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from benchmarks.fabric_sim import Background, Fault, leaf_spine, measure, topology_spec
-from dpro.anomaly.fabric.directed import localize_directed
+from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
+from dpro.anomaly.fabric.follow_up import probe_adaptively
+from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.topology import fat_tree, from_spec, host_nic, hosts, probe_tiers
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.collectives import bus_factor
 from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import Metric
-from dpro.anomaly.health.pairwise import probe_rounds
+from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.rules import Baseline, judge, learned
 from dpro.testing.browser import start_dashboard
 from dpro.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
@@ -81,14 +83,64 @@ def _simulated_probes(fault: Fault | None, seed: int) -> tuple[object, Probes]:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_pooled_probes_name_a_nic_ten_percent_slow_in_one_direction(seed: int) -> None:
     topology, probes = _simulated_probes(Fault("link", ("h6", "leaf1"), 0.10), seed)
-    suspects = localize_directed(topology, probes)
+    suspects = localize(topology, probes)
     assert suspects and suspects[0].kind == "nic" and suspects[0].name == "h6/nic0", suspects
     assert suspects[0].evidence["direction"] == "sending" and len(suspects) == 1
     topology, probes = _simulated_probes(Fault("link", ("spine1", "leaf2"), 0.20), seed)
-    first = localize_directed(topology, probes)[0]
+    first = localize(topology, probes)[0]
     assert first.kind == "link" and {first.name, *first.evidence["same_as"]} == {"spine0->leaf2", "spine1->leaf2"}
     topology, probes = _simulated_probes(None, seed)
-    assert localize_directed(topology, probes) == []
+    assert localize(topology, probes) == []
+
+
+def test_probe_rounds_of_given_pairs_probe_a_repeated_pair_in_two_rounds() -> None:
+    groups = ["leaf0"] * 3 + ["leaf1"] * 3
+    pairs = [(0, 3), (3, 0), (1, 4), (0, 1)]
+    rounds = probe_rounds(6, [groups], pairs)
+    assert sorted(p for r in rounds for p in r) == [(0, 1), (0, 3), (0, 3), (1, 4)]
+    for r in rounds:
+        assert sum(groups[a] != groups[b] for a, b in r) <= 1 and len({h for p in r for h in p}) == 2 * len(r)
+
+
+def _adaptive(fault: Fault | None, noise: float, seed: int) -> tuple[object, Probes, int]:
+    """The health check's sweep and follow-ups on the independent simulator's 4x4 leaf-spine."""
+    fabric = leaf_spine(4, 4, 2)
+    topology = from_spec(topology_spec(fabric))
+    tiers = [[t[h] for h in fabric.hosts] for t in probe_tiers(topology, fabric.hosts)]
+    rng = np.random.default_rng(seed)
+
+    def probe(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+        rows = np.array(measure(fabric, rounds, [fault] if fault else [], noise, Background(0.25), rng))
+        return Probes(fabric.hosts, rows[:, 0].astype(int), rows[:, 1].astype(int), rows[:, 2].astype(int) + first_round,
+                      rows[:, 3])
+
+    probes, added = probe_adaptively(probe, topology, tiers, probe_rounds(16, tiers))
+    return topology, probes, added
+
+
+def test_follow_up_probes_the_pairs_through_a_class_in_doubt_until_it_is_named() -> None:
+    """A NIC 10% slow sending, in 10% noise: one sweep leaves it short of the threshold in most
+    trials; the follow-up probes again the pairs its probes ran between (h6 sending among them),
+    within the budget of one more sweep, and names it in more of them (at the stricter threshold
+    the check then uses)."""
+    named_after, named_first = 0, 0
+    for seed in range(12):
+        topology, probes, added = _adaptive(Fault("link", ("h6", "leaf1"), 0.10), 0.10, seed)
+        first = probes.round < len(probe_rounds(16, [[t[h] for h in probes.hosts] for t in probe_tiers(topology, probes.hosts)]))
+        sweep = Probes(probes.hosts, probes.src[first], probes.dst[first], probes.round[first], probes.value[first])
+        assert added <= 120, "at most one more sweep's pairs"
+        again = ~first
+        if added:
+            assert (probes.src[again] == probes.hosts.index("h6")).any(), "the pairs through the suspect's class"
+        named_first += any(s.name == "h6/nic0" for s in localize(topology, sweep))
+        named_after += any(s.name == "h6/nic0" for s in localize(topology, probes, z_class=FOLLOWED_Z_CLASS))
+    assert named_after > named_first
+
+
+def test_follow_up_on_a_healthy_fabric_names_nothing() -> None:
+    for seed in range(3):
+        topology, probes, _ = _adaptive(None, 0.05, seed)
+        assert localize(topology, probes, z_class=FOLLOWED_Z_CLASS) == []
 
 
 @pytest.mark.parametrize("radix", [4, 6])

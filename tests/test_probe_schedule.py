@@ -11,7 +11,7 @@ import pytest
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import disjoint_rounds, lower_bound
 from dpro.anomaly.fabric.topology import fat_tree, probe_tiers
-from dpro.anomaly.health.pairwise import probe_rounds
+from dpro.anomaly.fabric.schedule import probe_rounds
 
 
 def _directed(routing: Routing, a: int, b: int) -> set[tuple[str, str]]:

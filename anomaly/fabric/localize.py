@@ -1,4 +1,6 @@
-"""Localization of direction-specific faults on a fabric whose ECMP choices are unseen.
+"""The fabric's localizer: the NICs, links and switches the pairwise probes point at, one direction
+at a time, on a fabric whose ECMP choices are unseen (used by ``dpro diagnose``, ``dpro health``
+and the dashboard; :func:`localize` without a topology falls back on the matrix alone).
 
 A cable can be slow one way only (a bad transmitter, a congested egress queue), so every cable
 is two components here, one per direction, and a probe from ``a`` to ``b`` crosses only the
@@ -21,9 +23,13 @@ lot by other traffic weigh no more than a few slowed by a fault. A class has two
   (``Z_SLOW`` deviations short) given how often probes of as many hops outside it are: a fault
   that slows a few probes a lot in noisy data.
 
-Greedily, the class whose score is furthest past its threshold (``z_class``, ``z_count``) is
-named while one is past and its probes fall short by ``min_effect`` on average; its probes are
-then explained and leave the other classes' scores. A NIC's access cable stands for the NIC.
+Greedily, while a class is past one of its thresholds (``z_class``, ``z_count``) and its probes
+fall short by ``min_effect`` on average, one is named: of those past the pooled threshold, the
+furthest past it; else the furthest past the counted one. (A switch holds both directions of
+its hosts' cables: a NIC slow both ways makes its switch's class hold twice the very slow
+probes of either direction's, with many healthy ones beside them, which the pooled score weighs
+and the counted one does not.) Its probes are then explained and leave the other classes'
+scores. A NIC's access cable stands for the NIC.
 
 Meant for the hundreds of hosts a health check probes; paths come from networkx, not the
 vectorised routing of :mod:`dpro.anomaly.fabric.routing`. The thresholds were tuned on
@@ -33,17 +39,18 @@ vectorised routing of :mod:`dpro.anomaly.fabric.routing`. The thresholds were tu
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from math import lgamma
 from statistics import NormalDist
 
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.fabric.probes import ProbeError, Probes
+from dpro.anomaly.fabric.probes import ProbeError, Probes, analyze
 from dpro.anomaly.fabric.topology import host_nic
 from dpro.anomaly.suspects import Suspect
 
-__all__ = ["localize_directed"]
+__all__ = ["Weighed", "localize", "weigh"]
 
 Z_CLASS = 5.0
 Z_COUNT = 4.0
@@ -57,11 +64,32 @@ Q75, Q90 = 0.6745, 1.2816  # the normal law's 75th and 90th percentiles, in stan
 Component = tuple[str, str] | str  # a directed link (from, to), or a switch
 
 
-def localize_directed(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS,
-                      min_effect: float = MIN_EFFECT, clip: float = CLIP, z_count: float = Z_COUNT) -> list[Suspect]:
+def localize(topology: nx.MultiGraph | None, probes: Probes, z_class: float = Z_CLASS,
+             min_effect: float = MIN_EFFECT, clip: float = CLIP, z_count: float = Z_COUNT) -> list[Suspect]:
     """Suspect NICs (kind ``nic``), directed links (``link``) and switches (``switch``), most
     likely first; each names what no probe tells apart from it (``same_as``) and, for a NIC or
-    a link, the direction (``from``, ``to``)."""
+    a link, the direction (``from``, ``to``). Without a topology, the hosts and paths the
+    matrix alone points at (:func:`dpro.anomaly.fabric.probes.analyze`)."""
+    if topology is None:
+        return analyze(probes)
+    return [suspect for suspect, _, _ in weigh(topology, probes, z_class, min_effect, clip, z_count).named]
+
+
+@dataclass
+class Weighed:
+    """What the probes say: the suspects named, each with its ``margin`` (its score over its
+    threshold: 1 just named) and the probes it explains, and per class not named, its probes
+    not explained by a suspect and its margin on them."""
+
+    named: list[tuple[Suspect, float, np.ndarray]]
+    open: list[tuple[np.ndarray, float]]
+    hops: np.ndarray
+
+
+def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min_effect: float = MIN_EFFECT,
+          clip: float = CLIP, z_count: float = Z_COUNT) -> Weighed:
+    """The greedy localization of :func:`localize` (see the module docstring), with the
+    margins that adaptive probing reads (:mod:`dpro.anomaly.fabric.follow_up`)."""
     missing = [h for h in probes.hosts if h not in topology]
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
@@ -72,22 +100,36 @@ def localize_directed(topology: nx.MultiGraph, probes: Probes, z_class: float = 
     weight = np.clip(z, -clip, clip)
     very_slow = z >= Z_SLOW
     unexplained = np.ones(len(weight), bool)
-    suspects = []
+
+    def margins(left: np.ndarray, crossing: np.ndarray) -> tuple[float, float, float]:
+        pooled = float(weight[left].sum()) / np.sqrt(len(left))
+        counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
+        return pooled / z_class, counted / z_count, max(pooled, counted)
+
+    def margin(left: np.ndarray, crossing: np.ndarray) -> float:
+        return max(margins(left, crossing)[:2])
+
+    named = []
     while True:
-        best, best_margin, best_probes, best_score = None, 0.0, None, 0.0
+        best, best_key, best_probes, best_score, best_margin = None, (False, 0.0), None, 0.0, 0.0
         for crossing, members in classes:
             left = crossing[unexplained[crossing]]
             if len(left) < MIN_PROBES or float(shortfall[left].mean()) < min_effect:
                 continue
-            pooled = float(weight[left].sum()) / np.sqrt(len(left))
-            counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
-            margin = max(pooled / z_class, counted / z_count)
-            if margin >= 1.0 and margin > best_margin:
-                best, best_margin, best_probes, best_score = members, margin, left, max(pooled, counted)
+            pooled, counted, score = margins(left, crossing)
+            key = (pooled >= 1.0, pooled if pooled >= 1.0 else counted)  # pooled evidence first
+            if max(pooled, counted) >= 1.0 and key > best_key:
+                best, best_key, best_probes, best_score, best_margin = members, key, left, score, max(pooled, counted)
         if best is None:
-            return suspects
-        suspects.append(_suspect(topology, best, best_score, best_probes, shortfall))
+            break
+        named.append((_suspect(topology, best, best_score, best_probes, shortfall), best_margin, best_probes))
         unexplained[best_probes] = False
+    open_classes = []
+    for crossing, _ in classes:
+        left = crossing[unexplained[crossing]]
+        if len(left) >= MIN_PROBES:
+            open_classes.append((left, margin(left, crossing)))
+    return Weighed(named, open_classes, hops)
 
 
 def _excess_slow(left: np.ndarray, crossing: np.ndarray, very_slow: np.ndarray, hops: np.ndarray,
@@ -153,12 +195,15 @@ def _classes(topology: nx.MultiGraph, probes: Probes) -> tuple[list[tuple[np.nda
     nics = {h: host_nic(topology, h) for h in probes.hosts}
     may: dict[Component, list[int]] = defaultdict(list)
     hops = np.zeros(len(probes.src), np.int64)
-    for p, (s, d) in enumerate(zip(probes.src, probes.dst)):
-        crossed: set[Component] = set()
-        for path in nx.all_shortest_paths(graph, nics[probes.hosts[s]], nics[probes.hosts[d]]):
-            crossed.update(zip(path, path[1:]))
-            crossed.update(n for n in path if n in switches)
-            hops[p] = len(path) - 1
+    routes: dict[tuple[int, int], tuple[set[Component], int]] = {}  # a pair probed again: its paths once
+    for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
+        if (s, d) not in routes:
+            crossed: set[Component] = set()
+            for path in nx.all_shortest_paths(graph, nics[probes.hosts[s]], nics[probes.hosts[d]]):
+                crossed.update(zip(path, path[1:]))
+                crossed.update(n for n in path if n in switches)
+            routes[s, d] = crossed, len(path) - 1
+        crossed, hops[p] = routes[s, d]
         for component in crossed:
             may[component].append(p)
     grouped: dict[tuple[int, ...], list[Component]] = defaultdict(list)

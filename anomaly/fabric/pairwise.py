@@ -1,8 +1,9 @@
-"""Measure a pairwise bandwidth matrix between hosts with a traffic engine, in O(n) rounds.
+"""Measure a pairwise bandwidth matrix between hosts with a traffic engine.
 
-Each round of the circle schedule (:func:`dpro.anomaly.fabric.probes.round_robin`) pairs every host
-with one other; the round's pairs run at once (they share no host), each pair one direction and
-then the other. ``n - 1`` rounds (``n`` for odd ``n``) test every ordered pair once.
+The rounds are the pairwise probes' one schedule (:func:`dpro.anomaly.fabric.schedule.probe_rounds`):
+every pair once, in ``n - 1`` rounds (``n`` for odd ``n``) where no topology is given; given each
+host's edge switch and pod, at most one pair a round leaves any of them, so that no two probes
+of a round share a link. A round's pairs run at once, each one direction and then the other.
 
     >>> hosts = read_hosts("hosts.yaml")                                 # doctest: +SKIP
     >>> probes, results = measure(get_engine("tcp"), hosts, seconds=2)   # doctest: +SKIP
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ import numpy as np
 from dpro.errors import DproError
 
 from dpro.anomaly.engines.base import Endpoint, Engine, Result, Workload
-from dpro.anomaly.fabric.probes import Probes, round_robin, to_matrix
+from dpro.anomaly.fabric.probes import Probes, to_matrix
+from dpro.anomaly.fabric.schedule import probe_rounds
 
 
 class PairwiseError(DproError):
@@ -59,16 +62,18 @@ def read_hosts(path: str | os.PathLike) -> dict[str, Endpoint]:
 
 
 def measure(engine: Engine, hosts: dict[str, Endpoint], workload: Workload | None = None, seconds: float = 2.0,
-            timeout_s: float = 20.0, rounds: int | None = None) -> tuple[Probes, list[dict[str, Any]]]:
+            timeout_s: float = 20.0, rounds: int | None = None, tiers: Sequence[dict[str, str]] = ()
+            ) -> tuple[Probes, list[dict[str, Any]]]:
     """Probe every ordered pair of ``hosts`` (the first ``rounds`` rounds only, if given);
     the bandwidth matrix (Gb/s) and every run's result. A failed probe is left out of the
-    matrix and kept in the results with its errors."""
+    matrix and kept in the results with its errors. ``tiers``: host -> edge switch, host ->
+    pod (:func:`dpro.anomaly.fabric.topology.probe_tiers`), to keep probes of a round apart."""
     names = list(hosts)
     workload = workload or Workload(message_size=1 << 20, connections=1)
-    schedule = round_robin(len(names))[:rounds]
+    schedule = probe_rounds(len(names), [[tier.get(h, h) for h in names] for tier in tiers])[:rounds]
     src, dst, round_of, value, results = [], [], [], [], []
 
-    def probe_pair(pair: np.ndarray, k: int) -> list[tuple[int, int, int, Result]]:
+    def probe_pair(pair: tuple[int, int], k: int) -> list[tuple[int, int, int, Result]]:
         a, b = int(pair[0]), int(pair[1])
         return [(s, d, k, engine.run(workload, hosts[names[d]], hosts[names[s]], seconds, timeout_s))
                 for s, d in ((a, b), (b, a))]

@@ -14,8 +14,8 @@ noisy measurements produce spurious slow probes).
 **Matrix analysis** (:func:`analyze`). A host is a row (what it sends) and a column (what it
 receives). A bad host or NIC slows its whole row and column: its score is the smaller of the
 median ``z`` of its row and of its column, and it is a suspect when that median probe is slow.
-Slow probes that no suspect host explains are suspect *paths*; with a topology,
-:mod:`dpro.anomaly.fabric.tomography` turns them into links and switches.
+Slow probes that no suspect host explains are suspect *paths*. With a topology,
+:mod:`dpro.anomaly.fabric.localize` names NICs, links and switches instead.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ import numpy as np
 import pandas as pd
 
 from dpro.errors import DproError
-from dpro.stats import robust_spread, robust_z
+from dpro.stats import robust_z
 
 from dpro.anomaly.suspects import Suspect
 
-__all__ = ["Probes", "ProbeError", "analyze", "from_matrix", "host_scores", "read_probes", "round_robin", "slow",
-           "to_matrix", "z_scores"]
+__all__ = ["Probes", "ProbeError", "analyze", "from_matrix", "read_probes", "round_robin", "to_matrix"]
 
 Z_MIN = 6.0
 MIN_DROP = 0.1
@@ -136,35 +135,6 @@ def read_probes(path: str | os.PathLike) -> Probes:
         raise ProbeError(f"{path}: {metric} and round must be numbers: {e}") from None
     return Probes(list(names), names.get_indexer(frame["src"].astype(str)), names.get_indexer(frame["dst"].astype(str)),
                   rounds, values, metric == "bandwidth")
-
-
-def z_scores(probes: Probes) -> tuple[np.ndarray, np.ndarray]:
-    """Each probe's shortfall against the median on a log scale (``log(median/value)`` for
-    bandwidth), and that shortfall in units of the noise (robust ``z``)."""
-    logs = np.log(probes.value)
-    shortfall = np.median(logs) - logs if probes.higher_is_better else logs - np.median(logs)
-    return shortfall, shortfall / max(robust_spread(shortfall, 0.0), 1e-9)
-
-
-def slow(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> np.ndarray:
-    """Mask of the slow probes (see the module docstring)."""
-    shortfall, z = z_scores(probes)
-    return (z >= z_min) & (shortfall >= -np.log1p(-min_drop))
-
-
-def host_scores(probes: Probes) -> pd.DataFrame:
-    """Per host: median ``z`` and median shortfall of its row (sent) and column (received),
-    and their probe counts; one row per host, in the order of ``probes.hosts``."""
-    shortfall, z = z_scores(probes)
-    frame = pd.DataFrame({"src": probes.src, "dst": probes.dst, "z": z, "shortfall": shortfall})
-    out = pd.DataFrame(index=pd.RangeIndex(len(probes.hosts)))
-    for side, column in (("row", "src"), ("col", "dst")):
-        stats = frame.groupby(column)[["z", "shortfall"]].median()
-        out[f"{side}_z"] = stats["z"]
-        out[f"{side}_drop"] = -np.expm1(-stats["shortfall"])  # fraction below the median
-        out[f"{side}_n"] = frame.groupby(column).size()
-    out = out.fillna({"row_n": 0, "col_n": 0}).astype({"row_n": np.int64, "col_n": np.int64})
-    return out.assign(host=probes.hosts)[["host", "row_z", "col_z", "row_drop", "col_drop", "row_n", "col_n"]]
 
 
 def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> list[Suspect]:

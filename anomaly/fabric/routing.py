@@ -20,7 +20,6 @@ path the hash picks.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import networkx as nx
@@ -28,7 +27,7 @@ import numpy as np
 
 from dpro.anomaly.fabric.topology import TopologyError, access_links, edge_switch, host_nic, hosts
 
-__all__ = ["CHUNK", "Routing", "component_chunks", "components", "paths"]
+__all__ = ["CHUNK", "Routing", "paths"]
 
 CHUNK = 1 << 19
 """Probes routed at a time: memory stays bounded whatever their number."""
@@ -190,19 +189,3 @@ def paths(topology: nx.MultiGraph, a: str, b: str, ecmp: str = "all") -> list[li
         hops = [sorted(d["name"] for d in topology.get_edge_data(u, v).values()) for u, v in zip(route, route[1:])]
         out += [[*head, *middle, *tail] for middle in itertools.product(*hops)]
     return sorted(out)
-
-
-def components(routing: Routing, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Component ids ``(P, K)`` each probe crosses, -1 padded: ids below ``len(hosts)`` are the
-    NICs of those hosts, then come links (``len(hosts) + link id``), then switches."""
-    links, switches = routing.route(src, dst)
-    n_hosts, n_links = len(routing.hosts), len(routing.links)
-    return np.concatenate([src[:, None], dst[:, None], np.where(links >= 0, links + n_hosts, -1),
-                           np.where(switches >= 0, switches + n_hosts + n_links, -1)], axis=1).astype(np.int32)
-
-
-def component_chunks(routing: Routing, src: np.ndarray, dst: np.ndarray) -> Iterator[tuple[slice, np.ndarray]]:
-    """:func:`components` of the probes, :data:`CHUNK` at a time: (the probes' slice, their components)."""
-    for start in range(0, len(src), CHUNK):
-        part = slice(start, start + CHUNK)
-        yield part, components(routing, src[part], dst[part])

@@ -1,12 +1,21 @@
-"""Probe rounds for any fabric: every pair of hosts once, both directions at once, and no two
-probes of a round on one link in one direction.
+"""Probe rounds: every pair of hosts once, and no two probes of a round on one link.
 
-A round is a set of host pairs; each pair probes both ways at once (links are full duplex). On a
-known topology, each probe's path is the one the routing's hash picks
+The one schedule of the pairwise probes (``dpro health``'s over the job's backend, ``dpro anomaly
+probe``'s over a traffic engine). :func:`probe_rounds` holds under any ECMP hash: given each
+host's edge switch and pod, at most one pair a round leaves any switch or pod, so no two probes
+of a round share a link whichever path they take. That costs rounds where pods are many: a k=4
+fat tree (16 hosts) takes 52 rounds instead of 15, k=6 (54 hosts) 486, k=8 (128 hosts) 1,799.
+
+:func:`disjoint_rounds`, for fabrics whose routes are known, lets a pod send as many pairs a
+round as its uplinks carry apart: every pair once, both directions at once, and no two probes of
+a round on one link in one direction.
+
+In :func:`disjoint_rounds` each pair of a round probes both ways at once (links are full
+duplex). On a known topology, each probe's path is the one the routing's hash picks
 (:class:`dpro.anomaly.fabric.routing.Routing`: per-hop ECMP the analysis can reproduce), and a
 round takes a pair only when none of its two paths' switch-to-switch links is already used in
 that direction by the round. So a pod sends as many pairs a round as its uplinks carry
-apart, instead of one (:func:`dpro.anomaly.health.pairwise.probe_rounds`' rule without routes).
+apart, instead of one (:func:`probe_rounds`' rule without routes).
 
 **Only under known routes.** The rounds are link-disjoint under :class:`Routing`'s hash, which
 stands for routes the analysis can reproduce (InfiniBand's static routing, probes that pin their
@@ -25,12 +34,45 @@ pairs not yet placed); ``benchmarks/probe_schedule.py`` measures its rounds besi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from dpro.anomaly.fabric.probes import round_robin
 from dpro.anomaly.fabric.routing import CHUNK, Routing
 
-__all__ = ["directed_links", "disjoint_rounds", "lower_bound"]
+__all__ = ["directed_links", "disjoint_rounds", "lower_bound", "probe_rounds"]
+
+
+def probe_rounds(n: int, tiers: Sequence[Sequence[str]] = (),
+                 pairs: Sequence[tuple[int, int]] | None = None) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint pairs of host indices ``0..n-1`` covering ``pairs`` (default: every
+    pair once; a pair listed twice is probed in two rounds). Each of ``tiers`` names every
+    host's group at one tier (its edge switch, its pod): at most one pair per round leaves any
+    group of any tier."""
+    if pairs is None:
+        left = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    else:
+        left = [(min(a, b), max(a, b)) for a, b in pairs]
+    # In the circle method's order ((a + b) mod n), n - 1 rounds suffice without groups.
+    left.sort(key=lambda p: ((p[0] + p[1]) % n, p))
+    exits = {(a, b): {(t, g[h]) for t, g in enumerate(tiers) if g[a] != g[b] for h in (a, b)} for a, b in left}
+    rounds = []
+    while left:
+        busy_hosts: set[int] = set()
+        leaving: set[tuple[int, str]] = set()  # (tier, group)
+        chosen: list[int] = []
+        for i, (a, b) in enumerate(left):
+            if a in busy_hosts or b in busy_hosts or exits[a, b] & leaving:
+                continue
+            chosen.append(i)
+            busy_hosts |= {a, b}
+            leaving |= exits[a, b]
+        rounds.append([left[i] for i in chosen])
+        taken = set(chosen)
+        left = [p for i, p in enumerate(left) if i not in taken]
+    return rounds
+
 
 WINDOW = 4
 """Candidates a round considers, in hosts: ``WINDOW * n`` pairs from the front of those left."""

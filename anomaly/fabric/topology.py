@@ -306,7 +306,7 @@ def pods(topology: nx.MultiGraph) -> dict[str, str]:
 
 def probe_tiers(topology: nx.MultiGraph, names: list[str]) -> list[dict[str, str]]:
     """Each host's edge switch and each host's pod: the groups a probe schedule keeps probes
-    of a round apart by (:func:`dpro.anomaly.health.pairwise.probe_rounds`)."""
+    of a round apart by (:func:`dpro.anomaly.fabric.schedule.probe_rounds`)."""
     edges = {h: edge_switch(topology, host_nic(topology, h)) for h in names}
     pod = pods(topology)
     return [edges, {h: pod[e] for h, e in edges.items()}]

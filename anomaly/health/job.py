@@ -78,10 +78,13 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         budget = Budget(config.time_budget_s)
         job_checks = run_collectives(config.collectives.ops, config.collectives.sizes_mb,
                                      config.collectives.iterations, device, config.collectives.seconds, budget)
-        probes, cut = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device, tiers,
-                                       budget)
+        probes, cut, again = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device,
+                                              tiers, budget, topology)
         if cut:
             job_checks.append(Check("pairwise.budget", "skip", cut))
+        if again:
+            job_checks.append(Check("pairwise.follow_up", "pass", f"{again} host pairs probed again where the first "
+                                                                f"sweep left a NIC, link or switch in doubt"))
         node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((host, node_checks), gathered, dst=0)

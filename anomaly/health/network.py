@@ -1,16 +1,17 @@
 """From the pairwise matrix to verdicts: each host's median sending and receiving rate (a
 ``pairwise`` check, which the rules compare with its baseline), and the suspects the matrix
 points at — hosts from the matrix alone, or, when the topology is known, NICs and links one
-direction at a time (:mod:`dpro.anomaly.fabric.directed`: any equal-cost path, the prober cannot
-see ECMP's choice)."""
+direction at a time (:mod:`dpro.anomaly.fabric.localize`: any equal-cost path, the prober cannot
+see ECMP's choice), at the pooled threshold of the probes followed up
+(:data:`dpro.anomaly.fabric.follow_up.Z_CLASS`)."""
 
 from __future__ import annotations
 
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.fabric import probes as probe_analysis
-from dpro.anomaly.fabric.directed import localize_directed
+from dpro.anomaly.fabric import follow_up
+from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.suspects import Suspect
 
@@ -29,7 +30,7 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
             Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))})
         report.node(host).checks.append(pairwise[host])
-    suspects = localize_directed(topology, probes) if topology is not None else probe_analysis.analyze(probes)
+    suspects = localize(topology, probes, z_class=follow_up.Z_CLASS)  # the check follows up (see there)
     fabric = Check("fabric")
     for suspect in suspects:
         check = pairwise[suspect.host] if suspect.kind in ("host", "nic") and suspect.host in pairwise else fabric

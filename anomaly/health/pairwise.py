@@ -1,13 +1,10 @@
 """The pairwise host bandwidth matrix over the job's own backend (point-to-point sends).
 
-One rank per host (its lowest) probes. Each round pairs hosts off; a pair measures one way, then
-the other, while the other pairs of the round do the same. Every pair of hosts meets once.
-Given each host's edge switch and pod (from a topology), at most one pair per round leaves any
-switch and any pod, so on a leaf-spine fabric or a three-tier fat tree no two probes of a round
-share a link, whichever path ECMP picks. That costs rounds where pods are many: a k=4 fat tree
-(16 hosts) takes 52 rounds instead of 15, k=6 (54 hosts) 486, k=8 (128 hosts) 1,799 — at the
-default 0.4 s a direction, 25 minutes; such a fabric needs a schedule that lets a pod send as
-many pairs as it has uplinks, which this one does not yet do.
+One rank per host (its lowest) probes, in the rounds of :func:`dpro.anomaly.fabric.schedule.probe_rounds`
+(every pair of hosts once; given each host's edge switch and pod, no two probes of a round on one
+link, whichever path ECMP picks); a pair measures one way, then the other, while the other pairs
+of the round do the same. Given the topology, the pairs whose probes may cross a class the
+first sweep left in doubt are probed again (:mod:`dpro.anomaly.fabric.follow_up`).
 
 A direction is measured by sending messages of ``megabytes`` back to back, as many as fill about
 ``seconds`` (sized from one timed message), and waiting for the receiver's acknowledgement.
@@ -18,14 +15,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import networkx as nx
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from dpro.anomaly.fabric.follow_up import probe_adaptively
 from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.budget import Budget
 
-__all__ = ["leaders", "measure_pairwise", "probe_rounds"]
+__all__ = ["leaders", "measure_pairwise"]
 
 MAX_MESSAGES = 512
 
@@ -38,63 +38,56 @@ def leaders(rank_hosts: Sequence[str]) -> list[int]:
     return list(seen.values())
 
 
-def probe_rounds(n: int, tiers: Sequence[Sequence[str]] = ()) -> list[list[tuple[int, int]]]:
-    """Rounds of disjoint pairs of host indices ``0..n-1`` covering every pair once. Each of
-    ``tiers`` names every host's group at one tier (its edge switch, its pod): at most one pair
-    per round leaves any group of any tier."""
-    left = [(a, b) for a in range(n) for b in range(a + 1, n)]
-    # In the circle method's order ((a + b) mod n), n - 1 rounds suffice without groups.
-    left.sort(key=lambda p: ((p[0] + p[1]) % n, p))
-    exits = {(a, b): {(t, g[h]) for t, g in enumerate(tiers) if g[a] != g[b] for h in (a, b)} for a, b in left}
-    rounds = []
-    while left:
-        busy_hosts: set[int] = set()
-        leaving: set[tuple[int, str]] = set()  # (tier, group)
-        chosen = []
-        for a, b in left:
-            if a in busy_hosts or b in busy_hosts or exits[a, b] & leaving:
-                continue
-            chosen.append((a, b))
-            busy_hosts |= {a, b}
-            leaving |= exits[a, b]
-        rounds.append(chosen)
-        taken = set(chosen)
-        left = [p for p in left if p not in taken]
-    return rounds
-
-
 def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float, device: torch.device,
-                     tiers: Sequence[dict[str, str]] = (), budget: Budget | None = None
-                     ) -> tuple[Probes | None, str | None]:
-    """The probes (Gb/s, sender to receiver) on every rank, None with a single host, and what
-    the check's ``budget`` cut (rounds not run once it ran out), if anything. Every rank must
-    call it; ``tiers``: host -> edge switch, host -> pod, to keep probes of a round apart."""
+                     tiers: Sequence[dict[str, str]] = (), budget: Budget | None = None,
+                     topology: nx.MultiGraph | None = None) -> tuple[Probes | None, str | None, int]:
+    """The probes (Gb/s, sender to receiver) on every rank, None with a single host; what the
+    check's ``budget`` cut (rounds not run once it ran out), if anything; and the pairs probed
+    again. Every rank must call it; ``tiers``: host -> edge switch, host -> pod, to keep probes
+    of a round apart. With the ``topology``, the first sweep is followed up where it leaves a
+    class in doubt (:func:`dpro.anomaly.fabric.follow_up.probe_adaptively`; every rank takes
+    the same decisions from the same gathered probes)."""
     heads = leaders(rank_hosts)
     hosts = [rank_hosts[r] for r in heads]
     if len(heads) < 2:
-        return None, None
-    me = dist.get_rank()
-    rounds = probe_rounds(len(heads), [[tier.get(h, h) for h in hosts] for tier in tiers])
+        return None, None, 0
+    groups = [[tier.get(h, h) for h in hosts] for tier in tiers]
     elements = max(1, int(megabytes * 2**20) // 4)
+    cut: list[str] = []
+
+    def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+        rows = _probe_rounds(heads, rounds, first_round, elements, seconds, device, budget, cut)
+        return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
+                      rows[:, 3])
+
+    first = probe_rounds(len(heads), groups)
+    if topology is None:
+        return measure(first, 0), (cut or [None])[0], 0
+    probes, added = probe_adaptively(measure, topology, groups, first)
+    return probes, (cut or [None])[0], added
+
+
+def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_round: int, elements: int,
+                  seconds: float, device: torch.device, budget: Budget | None, cut: list[str]) -> np.ndarray:
+    """Run ``rounds`` (host indices; the hosts' lowest ranks probe); rows ``(src, dst, round,
+    Gb/s)`` on every rank. Once the ``budget`` is spent the rest is not run, and said in ``cut``."""
+    me = dist.get_rank()
     found: list[tuple[int, int, int, float]] = []
-    cut = None
     for index, pairs in enumerate(rounds):
         if budget is not None and budget.spent(device):
-            cut = budget.cut(f"{len(rounds) - index} of {len(rounds)} probe rounds not run")
+            cut.append(budget.cut(f"{len(rounds) - index} of {len(rounds)} probe rounds not run"))
             break
         for a, b in pairs:
             for src, dst in ((a, b), (b, a)):
                 if me == heads[src]:
                     gbps = _send(heads[dst], elements, seconds, device)
-                    found.append((src, dst, index, gbps))
+                    found.append((src, dst, first_round + index, gbps))
                 elif me == heads[dst]:
                     _receive(heads[src], elements, device)
         dist.barrier()
     everyone: list[list[tuple[int, int, int, float]]] = [[] for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, found)
-    rows = np.array([p for part in everyone for p in part], np.float64).reshape(-1, 4)
-    return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
-                  rows[:, 3]), cut
+    return np.array([p for part in everyone for p in part], np.float64).reshape(-1, 4)
 
 
 def _send(peer: int, elements: int, seconds: float, device: torch.device) -> float:

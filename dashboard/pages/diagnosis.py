@@ -36,7 +36,8 @@ def layout(view: RunView, views: list[RunView]) -> Any:
         parts.append(figure("probe-matrix", heatmap_figure(probes.hosts, to_matrix(probes), "Pairwise probes",
                                                            "bandwidth" if probes.higher_is_better else "latency")))
     if view.topology is not None:
-        links = {frozenset(s.evidence["ends"]) for s in suspects if s.kind == "link" and "ends" in s.evidence}
+        links = {frozenset((s.evidence["from"], s.evidence["to"])) for s in suspects
+                 if s.kind == "link" and "from" in s.evidence}  # a directed link: its cable is marked
         nodes = {s.name for s in suspects if s.kind in ("host", "nic", "switch")}
         parts.append(figure("topology", topology_figure(view.topology, links, nodes)))
     else:

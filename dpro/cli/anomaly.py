@@ -142,9 +142,12 @@ def _domains(options: tuple[str, ...]) -> dict[str, list[str]]:
 @click.option("--rounds", type=click.IntRange(min=1), help="Only the first N rounds (default: every pair, n-1 rounds).")
 @click.option("--timeout", default=20.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds any step of a probe may take.")
+@click.option("--topology", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Fabric topology (YAML/JSON or ibnetdiscover): at most one pair a round leaves any edge switch "
+                   "or pod, so that no two probes of a round share a link.")
 def probe_command(hosts_file: Path, output: Path, engine_name: str, seconds: float, message_size: int,
-                  connections: int, rounds: int | None, timeout: float) -> None:
-    """Measure the bandwidth between every pair of HOSTS in O(n) rounds of disjoint pairs.
+                  connections: int, rounds: int | None, timeout: float, topology: Path | None) -> None:
+    """Measure the bandwidth between every pair of HOSTS in rounds of disjoint pairs.
 
     \b
     HOSTS (YAML or JSON):   h0: {address: 10.0.0.1, prefix: "ssh h0"}
@@ -158,13 +161,25 @@ def probe_command(hosts_file: Path, output: Path, engine_name: str, seconds: flo
         raise click.ClickException(f"{output} exists: not overwritten")
     engine = _usable_engine(engine_name)
     hosts = read_hosts(hosts_file)
+    tiers = _probe_tiers(topology, list(hosts)) if topology is not None else []
     probes, results = measure(engine, hosts, Workload(message_size=message_size, connections=connections),
-                              seconds, timeout, rounds)
+                              seconds, timeout, rounds, tiers)
     write_probes(probes, output)
     failed = [r for r in results if r["errors"]]
     click.echo(f"{len(probes.value)} of {len(results)} probes measured between {len(hosts)} hosts -> {output}")
     for r in failed:
         click.echo(f"  {r['src']} -> {r['dst']} failed: {'; '.join(r['errors'])}", err=True)
+
+
+def _probe_tiers(path: Path, names: list[str]) -> list[dict[str, str]]:
+    """Each host's edge switch and pod in the topology at ``path`` (a one-line error if a host is not in it)."""
+    from dpro.anomaly.fabric.topology import probe_tiers, read_topology
+
+    topology = read_topology(path)
+    missing = [h for h in names if h not in topology]
+    if missing:
+        raise click.ClickException(f"host {missing[0]!r} is not in the topology {path}")
+    return probe_tiers(topology, names)
 
 
 @anomaly.command("counters")

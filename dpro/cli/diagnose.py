@@ -27,7 +27,8 @@ def diagnose(run: Any, probes: Path | None, topology: Path | None, as_json: bool
     \b
     From RUN's traces: ranks the others wait for at collectives, hosts with slow transfers,
     ranks with long steps. With --probes: hosts whose probes are all slow and, with
-    --topology too, the links and switches that explain the slow probes (tomography).
+    --topology too, the NICs, links and switches that explain the slow probes, one direction
+    at a time (any equal-cost path: the probes' own are unseen).
     """
     from dpro.anomaly.diagnose import diagnose as diagnose_suspects
     from dpro.anomaly.suspects import to_json
