@@ -26,7 +26,8 @@ suspects / suspects, with a bootstrap 95% interval over trials (nan when nothing
 Trials without a fault give the false-alarm rate. The baseline is what ``dpro health`` names
 without a topology (:func:`matrix_only`) from the first sweep: the hosts its analysis of the
 probe matrix flags, each standing for both directions of its access link. Beside it: what the
-localizer names from the first sweep alone, and the probes a trial spent.
+localizer names from the first sweep alone at its own thresholds (what the check named before it
+followed up), and the probes a trial spent.
 
 **Tuning vs scoring.** The localizer's ``clip``, ``z_class`` and ``z_count`` were chosen on the
 first sweep alone, on trials of ``TUNING_SEED``; the follow-up's ``doubt`` and the pooled
@@ -68,7 +69,9 @@ NOISES = (0.03, 0.05, 0.10)
 LIGHT, HEAVY = sim.Background(flows=0.25, max_demand=0.5), sim.Background(flows=1.0, max_demand=0.5)
 HEAVY_NOISE = 0.05
 KINDS = (("access", 0.4), ("inter-switch", 0.4), ("switch", 0.2))
-GOAL_RECALL, GOAL_PRECISION, GOAL_SIZE, GOAL_ALARMS = 0.95, 0.90, 0.10, 0.05
+GOAL_RECALL, GOAL_PRECISION, GOAL_SIZE = 0.95, 0.90, 0.10
+GOAL_ALARMS = {LIGHT: 0.02, HEAVY: 0.05}  # issue 29's goals, by background
+TUNE_ALARMS = 0.05  # the bound the tuning kept (226b413), looser than the light goal
 DOUBTS, Z_CLASSES = (0.3, 0.5), (5.0, 5.5, 6.0)
 
 Localize = Callable[["Case", Probes], list[Suspect]]
@@ -132,6 +135,12 @@ def health_check(case: Case, probes: Probes) -> list[Suspect]:
     return judge_network(HealthReport("", "", []), probes, case.topology)
 
 
+def first_sweep_alone(case: Case, probes: Probes) -> list[Suspect]:
+    """What ``dpro health`` named from its first sweep before it followed up: the localizer at
+    its own thresholds, tuned for one sweep."""
+    return localize(case.topology, probes)
+
+
 def matrix_only(probes: Probes) -> list[Suspect]:
     """The baseline: what ``dpro health`` names without a topology (hosts, from the matrix)."""
     return [s for s in analyze(probes) if s.kind == "host"]
@@ -192,7 +201,7 @@ def trial(case: Case, rng: np.random.Generator, size: float, noise: float, backg
     tally.right.append(sum(right))
     tally.named.append(len(suspects))
     tally.probes.append(len(probes.value))
-    alone = localize(case, first_sweep)
+    alone = first_sweep_alone(case, first_sweep)
     tally.first_found.append(fault is not None and any(finds(s, fault) for s in alone))
     tally.first_named.append(len(alone))
     blamed = matrix_only(first_sweep)
@@ -269,7 +278,7 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
             low, high = wilson(int(np.sum(np.asarray(t.named) > 0)), len(t.named))
             rows.append(_row(case, f"false alarms [{low:.2f}, {high:.2f}] (first sweep alone "
                              f"{np.mean(np.asarray(t.first_named) > 0):.3f}; {spent})", alarms, baseline,
-                             f"<= {GOAL_ALARMS}", alarms <= GOAL_ALARMS))
+                             f"<= {GOAL_ALARMS[background]}", alarms <= GOAL_ALARMS[background]))
             continue
         goal = size >= GOAL_SIZE
         recall = float(np.mean(t.found))
@@ -285,7 +294,7 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
         rows.append(_row(case, f"precision [{plow:.2f}, {phigh:.2f}]", precision, baseline,
                          f">= {GOAL_PRECISION}" if goal else "none (< 10%)", precision >= GOAL_PRECISION or not goal))
     seconds = [s for t in results.values() for s in t.seconds]
-    rows.append(_row(f"all {len(seconds)} trials (seed {seed})", "localize s (median; max "
+    rows.append(_row(f"all {len(seconds)} trials (seed {seed})", "simulated sweeps, follow-ups and localize s (median; max "
                      f"{max(seconds):.3f})", float(np.median(seconds)), float("nan"), "none", True))
     return rows
 
@@ -293,7 +302,7 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
 def tune(faults: int = TUNING_FAULTS) -> tuple[float, float]:
     """The follow-up's ``doubt`` and the pooled threshold after it (``z_class``) of the grid with
     the best recall at 10–40% faults under ``LIGHT`` background, among those with at most
-    ``GOAL_ALARMS`` false alarms there at every noise; at most one more sweep's pairs
+    ``TUNE_ALARMS`` false alarms there at every noise; at most one more sweep's pairs
     (``extra`` 1, the check's time); trials of ``TUNING_SEED`` on the tuned fabrics only. Prints
     each setting's figures. (The localizer's own thresholds were tuned so before, on the first
     sweep alone.)"""
@@ -310,7 +319,7 @@ def tune(faults: int = TUNING_FAULTS) -> tuple[float, float]:
         probes = float(np.mean([p for t in results.values() for p in t.probes]))
         print(f"doubt {doubt}, z_class {z_class}: worst false alarms {alarms:.3f}, mean recall {recall:.3f}, "
               f"{probes:.0f} probes a trial", flush=True)
-        if alarms <= GOAL_ALARMS and recall > best_recall:
+        if alarms <= TUNE_ALARMS and recall > best_recall:
             best, best_recall = (doubt, z_class), recall
     return best
 

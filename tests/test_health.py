@@ -137,6 +137,19 @@ def test_follow_up_probes_the_pairs_through_a_class_in_doubt_until_it_is_named()
     assert named_after > named_first
 
 
+def test_a_budget_spent_before_the_first_round_leaves_no_probes_and_no_suspects() -> None:
+    fabric = leaf_spine(4, 4, 2)
+    topology = from_spec(topology_spec(fabric))
+    none = np.zeros(0, int)
+
+    def spent(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+        return Probes(fabric.hosts, none, none, none, np.zeros(0))
+
+    probes, added = probe_adaptively(spent, topology, [], probe_rounds(16))
+    assert len(probes.value) == 0 and added == 0
+    assert localize(topology, probes) == []
+
+
 def test_follow_up_on_a_healthy_fabric_names_nothing() -> None:
     for seed in range(3):
         topology, probes, _ = _adaptive(None, 0.05, seed)

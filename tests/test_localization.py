@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dpro.analysis import RunAnalysis
 from dpro.anomaly.diagnose import diagnose
-from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix, round_robin
+from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix, round_robin, to_matrix
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import to_json
@@ -125,6 +125,12 @@ def test_matrix_analysis_names_a_bad_host_and_a_bad_path() -> None:
     assert suspects[0].evidence["row_drop"] == pytest.approx(0.6, abs=0.05)
     latency = analyze(from_matrix(1 / matrix, names, higher_is_better=False))
     assert [(s.kind, s.name) for s in latency] == [("host", "n5"), ("path", "n2<->n9")]
+
+
+def test_a_direction_probed_again_shows_its_median_in_the_matrix() -> None:
+    probes = Probes(["a", "b"], np.array([0, 0, 0, 1]), np.array([1, 1, 1, 0]), np.array([0, 1, 2, 0]),
+                    np.array([10.0, 30.0, 20.0, 5.0]))
+    assert to_matrix(probes)[0, 1] == 20.0 and to_matrix(probes)[1, 0] == 5.0
 
 
 def test_matrix_analysis_is_empty_when_nothing_stands_out() -> None:

@@ -11,8 +11,11 @@ class that stood out by chance pull it back under its threshold; those through a
 past; the suspects are then named from every probe at the stricter :data:`Z_CLASS`. A class
 every probe of its lengths may cross (both spines of a leaf-spine) is not followed up: no probe
 outside it shows what healthy looks like. The rounds keep the pairs of a round apart as the
-first sweep's do (:func:`dpro.anomaly.fabric.schedule.probe_rounds`). The settings were tuned on
-``benchmarks.health_localization``'s tuning trials (``--tune``).
+first sweep's do (:func:`dpro.anomaly.fabric.schedule.probe_rounds`). Doubt is judged at the
+localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`. Of the
+settings, :data:`DOUBT` and :data:`Z_CLASS` were tuned on ``benchmarks.health_localization``'s
+tuning trials (``--tune``); :data:`EXTRA` (one more sweep at most: the check's time),
+:data:`CONFIRM` and :data:`PASSES` were set, not tuned.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ keeps false alarms where the first sweep alone had them."""
 
 Measure = Callable[[list[list[tuple[int, int]]], int], Probes]
 """Probes the rounds given, numbering them from the second argument; the probes measured."""
+Agree = Callable[[list[tuple[int, int]]], list[tuple[int, int]]]
 
 
 def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float = DOUBT,
@@ -67,14 +71,18 @@ def _has_peers(crossing: np.ndarray, hops: np.ndarray) -> bool:
 
 def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[Sequence[str]],
                      first: list[list[tuple[int, int]]], extra: float = EXTRA, passes: int = PASSES,
-                     doubt: float = DOUBT, confirm: float = CONFIRM) -> tuple[Probes, int]:
+                     doubt: float = DOUBT, confirm: float = CONFIRM,
+                     agree: Agree = lambda pairs: pairs) -> tuple[Probes, int]:
     """The first sweep's rounds, then up to ``passes`` follow-ups; every probe measured and the
-    number of pairs the follow-ups added."""
+    number of pairs the follow-ups measured. ``agree``: the pairs every prober takes, given this
+    one's (a job's ranks take rank 0's: their floats may differ by a last bit)."""
     probes = measure(first, 0)
     budget = int(extra * sum(len(r) for r in first))
     added = 0
     for _ in range(passes):
-        pairs = follow_up(topology, probes, budget - added, doubt, confirm)
+        if not len(probes.value):  # the check's time budget ran out before the first round
+            break
+        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm))
         if not pairs:
             break
         more = measure(probe_rounds(len(probes.hosts), tiers, pairs), int(probes.round.max()) + 1)
@@ -82,5 +90,5 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
             break
         probes = Probes(probes.hosts, np.r_[probes.src, more.src], np.r_[probes.dst, more.dst],
                         np.r_[probes.round, more.round], np.r_[probes.value, more.value], probes.higher_is_better)
-        added += len(pairs)
+        added += len({(min(a, b), max(a, b)) for a, b in zip(more.src.tolist(), more.dst.tolist())})
     return probes, added

@@ -93,6 +93,8 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     missing = [h for h in probes.hosts if h not in topology]
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
+    if not len(probes.value):  # nothing measured (a time budget spent before the first round)
+        return Weighed([], [], np.zeros(0, np.int64))
     classes, hops = _classes(topology, probes)
     shortfall = _shortfall(probes, hops)
     noise = max(_upper_spread(-shortfall), 1e-9)
@@ -204,7 +206,7 @@ def _classes(topology: nx.MultiGraph, probes: Probes) -> tuple[list[tuple[np.nda
                 crossed.update(n for n in path if n in switches)
             routes[s, d] = crossed, len(path) - 1
         crossed, hops[p] = routes[s, d]
-        for component in crossed:
+        for component in sorted(crossed, key=str):  # not the set's order: it follows the strings' hash seed
             may[component].append(p)
     grouped: dict[tuple[int, ...], list[Component]] = defaultdict(list)
     for component, crossing in may.items():

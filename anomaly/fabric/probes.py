@@ -98,10 +98,12 @@ def from_matrix(matrix: np.ndarray, hosts: list[str] | None = None, higher_is_be
 
 
 def to_matrix(probes: Probes) -> np.ndarray:
-    """The ``n × n`` matrix of the probes (the last probe of a pair wins), NaN where none."""
+    """The ``n × n`` matrix of the probes (a direction probed again: the median), NaN where none."""
     n = len(probes.hosts)
     matrix = np.full((n, n), np.nan)
-    matrix[probes.src, probes.dst] = probes.value
+    cells = pd.DataFrame({"src": probes.src, "dst": probes.dst, "value": probes.value}).groupby(["src", "dst"])
+    medians = cells["value"].median()
+    matrix[medians.index.get_level_values(0), medians.index.get_level_values(1)] = medians.to_numpy()
     return matrix
 
 

@@ -50,11 +50,13 @@ def probe_rounds(n: int, tiers: Sequence[Sequence[str]] = (),
     pair once; a pair listed twice is probed in two rounds). Each of ``tiers`` names every
     host's group at one tier (its edge switch, its pod): at most one pair per round leaves any
     group of any tier."""
+    if pairs is None and not tiers:  # the circle method: n - 1 rounds (n for odd n)
+        return [[(min(int(a), int(b)), max(int(a), int(b))) for a, b in r] for r in round_robin(n)]
     if pairs is None:
         left = [(a, b) for a in range(n) for b in range(a + 1, n)]
     else:
         left = [(min(a, b), max(a, b)) for a, b in pairs]
-    # In the circle method's order ((a + b) mod n), n - 1 rounds suffice without groups.
+    # greedily, in the circle method's order ((a + b) mod n)
     left.sort(key=lambda p: ((p[0] + p[1]) % n, p))
     exits = {(a, b): {(t, g[h]) for t, g in enumerate(tiers) if g[a] != g[b] for h in (a, b)} for a, b in left}
     rounds = []

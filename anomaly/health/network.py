@@ -12,7 +12,7 @@ import numpy as np
 
 from dpro.anomaly.fabric import follow_up
 from dpro.anomaly.fabric.localize import localize
-from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.fabric.probes import Probes, to_matrix
 from dpro.anomaly.suspects import Suspect
 
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
@@ -24,8 +24,9 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
     """Add each host's ``pairwise`` check and the fabric's suspects to ``report``; the suspects,
     most likely first."""
     pairwise: dict[str, Check] = {}
+    matrix = to_matrix(probes)  # a direction the check followed up counts once (its median)
     for i, host in enumerate(probes.hosts):
-        sent, received = probes.value[probes.src == i], probes.value[probes.dst == i]
+        sent, received = matrix[i][~np.isnan(matrix[i])], matrix[:, i][~np.isnan(matrix[:, i])]
         pairwise[host] = Check("pairwise", metrics=[
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
             Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))})

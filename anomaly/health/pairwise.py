@@ -63,8 +63,17 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
     first = probe_rounds(len(heads), groups)
     if topology is None:
         return measure(first, 0), (cut or [None])[0], 0
-    probes, added = probe_adaptively(measure, topology, groups, first)
+    probes, added = probe_adaptively(measure, topology, groups, first, agree=_rank0s)
     return probes, (cut or [None])[0], added
+
+
+def _rank0s(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Rank 0's follow-up pairs, on every rank: each rank computes them from the same probes,
+    but a last bit of floating point may differ between hosts, and a rank that probed other
+    pairs would wait forever for its peers."""
+    chosen = [pairs]
+    dist.broadcast_object_list(chosen, src=0)
+    return chosen[0]
 
 
 def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_round: int, elements: int,

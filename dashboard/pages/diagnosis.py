@@ -36,9 +36,11 @@ def layout(view: RunView, views: list[RunView]) -> Any:
         parts.append(figure("probe-matrix", heatmap_figure(probes.hosts, to_matrix(probes), "Pairwise probes",
                                                            "bandwidth" if probes.higher_is_better else "latency")))
     if view.topology is not None:
+        # a directed link marks its cable; so does each link or switch no probe tells apart from it
+        same = [name for s in suspects for name in s.evidence.get("same_as", [])]
         links = {frozenset((s.evidence["from"], s.evidence["to"])) for s in suspects
-                 if s.kind == "link" and "from" in s.evidence}  # a directed link: its cable is marked
-        nodes = {s.name for s in suspects if s.kind in ("host", "nic", "switch")}
+                 if s.kind == "link" and "from" in s.evidence} | {frozenset(n.split("->")) for n in same if "->" in n}
+        nodes = {s.name for s in suspects if s.kind in ("host", "nic", "switch")} | {n for n in same if "->" not in n}
         parts.append(figure("topology", topology_figure(view.topology, links, nodes)))
     else:
         parts.append(missing("topology: none given (dpro dashboard RUN --topology FILE)"))
