@@ -425,12 +425,15 @@ def _wake_after_the_last(edges: list[tuple[int, int, int, str]]) -> None:
     lags. An earlier collective's lag was the slack until the last one ended; kept, it would bind
     wherever the replay ends that collective later relative to the others (another rank's
     timing, a what-if), holding the op back by time it never waited (GPipe's wait for its
-    forward sends before the first backward)."""
+    forward sends before the first backward). A negative lag (a waiter seen to start before
+    the collective's range closed, see :data:`WAKE_SLACK_NS`) is that collective's own: the
+    others are cut to no less than 0, never raised."""
     latest: dict[int, int] = {}
     for _, dst, lag, kind in edges:
         if kind == "wait":
             latest[dst] = min(latest.get(dst, lag), lag)
-    edges[:] = [(src, dst, latest[dst] if kind == "wait" else lag, kind) for src, dst, lag, kind in edges]
+    edges[:] = [(src, dst, min(lag, max(latest[dst], 0)) if kind == "wait" else lag, kind)
+                for src, dst, lag, kind in edges]
 
 
 def _hand_offs(nodes: pd.DataFrame, order: dict[int, list], start: np.ndarray, end: np.ndarray,

@@ -94,10 +94,13 @@ def test_program_order_stays_on_one_thread(run_graph: DataflowGraph) -> None:
 def test_replay_predicts_the_recorded_step_time(run_graph: DataflowGraph) -> None:
     # How close is measured by benchmarks/replay_accuracy.py; this checks that the replay of a
     # short, noisy 2-step recording tracks the job's step time at all. (Per rank, two steps
-    # mostly measure how the ranks' skew changed between them; the job's mean does not.)
+    # mostly measure how the ranks' skew changed between them; the job's mean does not.) The
+    # bound sits outside the noise: over 20 recordings of this job on 2 shared cores the error
+    # had a median of 3.4% and a maximum of 30.3% (one all-reduce of 66 KB took 0.07-4.2 ms, a
+    # single sample the template keeps), so 25% failed one run in 20.
     result = replay(run_graph)
     predicted, measured = np.mean(list(result.step_ns.values())), np.mean(list(run_graph.step_ns.values()))
-    assert abs(predicted / measured - 1) < 0.25
+    assert abs(predicted / measured - 1) < 0.45
     slower = run_graph.nodes["dur_ns"].to_numpy() * np.where(run_graph.nodes["kind"] == "transfer", 10, 1)
     assert np.mean(list(replay(run_graph, durations=slower).step_ns.values())) > predicted * 1.02, \
         "ten times slower collectives make a slower step"
