@@ -1,5 +1,6 @@
 """The probe schedule for big fabrics: every pair once, both ways at once, and no directed link
-shared by two probes of a round under the routing's hash (fat trees of radix 4, 6 and 8)."""
+shared by two probes of a round under the routes, by hash or by destination (fat trees of radix
+4, 6 and 8)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import numpy as np
 import pytest
 
 from dpro.anomaly.fabric.routing import Routing
-from dpro.anomaly.fabric.schedule import disjoint_rounds, lower_bound
+from dpro.anomaly.fabric.schedule import disjoint_rounds, lower_bound, probe_rounds
 from dpro.anomaly.fabric.topology import fat_tree, probe_tiers
-from dpro.anomaly.fabric.schedule import probe_rounds
 
 
 def _directed(routing: Routing, a: int, b: int) -> set[tuple[str, str]]:
@@ -31,9 +31,10 @@ def _assert_disjoint(routing: Routing, rounds: list[np.ndarray], members: np.nda
             used |= both
 
 
-@pytest.mark.parametrize("hosts, radix", [(16, 4), (54, 6), (128, 8), (12, 8)])
-def test_every_pair_once_and_no_directed_link_twice_in_a_round(hosts: int, radix: int) -> None:
-    routing = Routing.build(fat_tree(hosts, radix=radix))
+@pytest.mark.parametrize("by", ["hash", "destination"])
+@pytest.mark.parametrize("hosts, radix", [(16, 4), (54, 6), (128, 8), (12, 8), (100, 8)])
+def test_every_pair_once_and_no_directed_link_twice_in_a_round(hosts: int, radix: int, by: str) -> None:
+    routing = Routing.build(fat_tree(hosts, radix=radix), by=by)
     rounds = disjoint_rounds(routing)
     seen = [tuple(p) for r in rounds for p in r.tolist()]
     assert sorted(seen) == list(itertools.combinations(range(hosts), 2)), "every pair exactly once"
@@ -87,3 +88,29 @@ def test_a_subset_of_the_hosts_is_scheduled_among_themselves() -> None:
     assert sorted(tuple(p) for r in rounds for p in r.tolist()) == list(itertools.combinations(range(6), 2))
     _assert_disjoint(routing, rounds, members)
     assert disjoint_rounds(routing, members[:1]) == []
+
+
+@pytest.mark.parametrize("hosts, radix", [(16, 4), (54, 6), (128, 8)])
+def test_routes_by_destination_on_a_full_fat_tree_take_about_the_circle_methods_rounds(hosts: int, radix: int) -> None:
+    """Under destination-mod-k routes each matching of the schedule shares no link: ``n`` rounds
+    (the bound is ``n - 1``), where the hash's routes take over half as many again."""
+    topology = fat_tree(hosts, radix=radix)
+    by_destination = disjoint_rounds(Routing.build(topology, by="destination"))
+    assert len(by_destination) <= hosts
+    assert len(disjoint_rounds(Routing.build(topology))) > 1.5 * hosts
+
+
+def test_routes_by_destination_go_up_by_the_destinations_digits() -> None:
+    """k=4 fat tree: two aggregation switches a pod, two cores each. Host ``d``'s probe from
+    another pod goes up to aggregation switch ``d mod 2`` and core ``(d // 2) mod 2`` of it."""
+    routing = Routing.build(fat_tree(16, radix=4), by="destination")
+    assert routing.choices(0, 15) == [2, 2]
+    for d in range(4, 16):
+        _, switches = routing.route(np.array([0]), np.array([d]))
+        names = [routing.switches[s] for s in switches[0] if s >= 0]
+        assert names[1:3] == [f"agg0.{d % 2}", f"core{d % 2}.{d // 2 % 2}"], (d, names)
+
+
+def test_routes_are_chosen_by_hash_or_destination_only() -> None:
+    with pytest.raises(ValueError, match="'hash' or 'destination'"):
+        Routing.build(fat_tree(16, radix=4), by="random")

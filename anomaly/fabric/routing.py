@@ -8,6 +8,18 @@ choice the analysis can reproduce (InfiniBand's static routing, or probes that p
 Given a random generator, each switch chooses uniformly at random instead: ECMP whose hash the
 analysis cannot see (on a fat tree, every equal-cost path is then equally likely).
 
+``Routing.build(topology, by="destination")`` routes by the destination instead, the way
+InfiniBand's fat-tree routing fills the switches' forwarding tables (destination-mod-k): the
+first hop with a choice takes next hop ``d mod k1`` of its ``k1``, the next ``(d // k1) mod k2``
+of its ``k2``, and so on, ``d`` the destination's host index. On a full fat tree whose hosts are
+numbered switch by switch (:func:`~dpro.anomaly.fabric.topology.fat_tree`), a link down
+carries only probes for the destinations under it whose digits name that link's switch, one
+host below the aggregation tier, one per core above it; a link up carries only probes for
+destinations with one value of a digit. So a set of probes in which every host sends once and
+receives once shares no link if the hosts of any one switch or pod send to destinations that
+differ in the digits their uplinks are chosen by: the matchings of
+:func:`dpro.anomaly.fabric.schedule.disjoint_rounds` (partners mirrored digit by digit) do.
+
 **Paths** (:func:`paths`): a probe goes from the host's first NIC (by name) up through the
 switches along a shortest path and down to the other host. With ``ecmp="all"`` every
 equal-cost path is returned (parallel cables are distinct paths); with ``ecmp="hash"`` the one
@@ -65,10 +77,14 @@ class Routing:
     next_link: np.ndarray
     fanout: np.ndarray
     max_hops: int
+    by: str = "hash"
 
     @classmethod
-    def build(cls, topology: nx.MultiGraph) -> Routing:
-        """Number the topology's hosts (natural order), links and switches, and compute next hops."""
+    def build(cls, topology: nx.MultiGraph, by: str = "hash") -> Routing:
+        """Number the topology's hosts (natural order), links and switches, and compute next
+        hops, chosen at each switch ``by`` a hash of the probe or by its ``"destination"``."""
+        if by not in ("hash", "destination"):
+            raise ValueError(f"routes are chosen by 'hash' or 'destination', not {by!r}")
         host_names = hosts(topology)
         if len(host_names) < 2:
             raise TopologyError("the topology has fewer than two hosts")
@@ -94,31 +110,49 @@ class Routing:
         target[goals] = np.arange(len(goals))
         next_switch, next_link, fanout = _next_hops(dist, u, v, lid)
         return cls(host_names, nics, links, switches, host_links, host_switch, target, next_switch, next_link, fanout,
-                   int(dist[:, goals].max()))
+                   int(dist[:, goals].max()), by)
 
     def route(self, src: np.ndarray, dst: np.ndarray,
               rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Switch-to-switch links ``(P, max_hops)`` and switches ``(P, max_hops + 1)`` of each
-        probe from host ``src[i]`` to host ``dst[i]``, padded with -1; next hops chosen by the
-        hash, or uniformly at random with ``rng``."""
-        src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+        probe from host ``src[i]`` to host ``dst[i]``, padded with -1; next hops chosen as the
+        routing was built to, or uniformly at random with ``rng``."""
+        links, switches, _ = self._walk(np.asarray(src, np.int64), np.asarray(dst, np.int64), rng)
+        return links, switches
+
+    def choices(self, a: int, b: int) -> list[int]:
+        """How many next hops host ``a``'s probe to host ``b`` chose among, at each switch that
+        gave it more than one."""
+        _, _, ways = self._walk(np.array([a], np.int64), np.array([b], np.int64), None)
+        return [int(k) for k in ways[0] if k > 1]
+
+    def _walk(self, src: np.ndarray, dst: np.ndarray,
+              rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`route`'s links and switches, and how many next hops each hop chose among."""
         n, width = self.fanout.shape[1], self.next_switch.shape[2]
         cur, goal = self.host_switch[src].astype(np.int64), self.host_switch[dst]
         row = self.target[goal].astype(np.int64) * n
         links = np.full((len(src), self.max_hops), -1, np.int32)
         switches = np.full((len(src), self.max_hops + 1), -1, np.int32)
+        ways_taken = np.ones((len(src), self.max_hops), np.int32)
         switches[:, 0] = cur
         fanout, next_switch, next_link = (a.reshape(-1) for a in (self.fanout, self.next_switch, self.next_link))
+        digits = dst.copy()  # by destination: what is left of d once the earlier choices took theirs
         for hop in range(self.max_hops):  # at its goal a probe stays put (fanout 1, link -1)
             key = row + cur
             ways = fanout.take(key)
-            choice = (_hash(src, dst, cur) % ways.astype(np.uint64)).astype(np.int64) if rng is None else \
-                (rng.random(len(src)) * ways).astype(np.int64)
+            if rng is not None:
+                choice = (rng.random(len(src)) * ways).astype(np.int64)
+            elif self.by == "destination":
+                choice, digits = digits % ways, digits // ways
+            else:
+                choice = (_hash(src, dst, cur) % ways.astype(np.uint64)).astype(np.int64)
             at = key * width + choice
             links[:, hop] = next_link.take(at)
+            ways_taken[:, hop] = ways
             cur = next_switch.take(at).astype(np.int64)
             switches[:, hop + 1] = np.where(links[:, hop] >= 0, cur, -1)
-        return links, switches
+        return links, switches, ways_taken
 
     def path_names(self, a: str, b: str) -> list[str]:
         """The names of the links from host ``a`` to host ``b``, access links included."""

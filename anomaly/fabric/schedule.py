@@ -7,29 +7,29 @@ of a round share a link whichever path they take. That costs rounds where pods a
 fat tree (16 hosts) takes 52 rounds instead of 15, k=6 (54 hosts) 486, k=8 (128 hosts) 1,799.
 
 :func:`disjoint_rounds`, for fabrics whose routes are known, lets a pod send as many pairs a
-round as its uplinks carry apart: every pair once, both directions at once, and no two probes of
-a round on one link in one direction.
+round as its uplinks carry apart: every pair once, both directions at once (links are full
+duplex), and no two probes of a round on one link in one direction. Each probe's path is the
+one the routing picks (:class:`dpro.anomaly.fabric.routing.Routing`: by a hash of the probe, or
+by destination as InfiniBand's fat-tree routing does). The pairs come in matchings
+(:func:`_mirrored`: a host's partner is its mirror, digit by digit, in the radix of the routes'
+choices); a matching whose probes share no link is a round as it is, and the pairs of the others
+are placed greedily, a round taking a pair only when none of its two paths' links is already
+used in that direction.
 
-In :func:`disjoint_rounds` each pair of a round probes both ways at once (links are full
-duplex). On a known topology, each probe's path is the one the routing's hash picks
-(:class:`dpro.anomaly.fabric.routing.Routing`: per-hop ECMP the analysis can reproduce), and a
-round takes a pair only when none of its two paths' switch-to-switch links is already used in
-that direction by the round. So a pod sends as many pairs a round as its uplinks carry
-apart, instead of one (:func:`probe_rounds`' rule without routes).
-
-**Only under known routes.** The rounds are link-disjoint under :class:`Routing`'s hash, which
-stands for routes the analysis can reproduce (InfiniBand's static routing, probes that pin their
-path). Under an ECMP hash the prober cannot see, two probes of a round may share a link; only
-the rule without routes is safe there.
+**Only under known routes.** The rounds are link-disjoint under the routing's own choices,
+which stand for routes the analysis can reproduce (InfiniBand's static routing, probes that pin
+their path). Under an ECMP hash the prober cannot see, two probes of a round may share a link;
+only the rule without routes is safe there.
 
 **Bound.** Each host probes once a round and each directed link carries one probe a round, so
 no schedule needs fewer rounds than :func:`lower_bound`: the larger of ``n - 1`` and the most
-probes the routes put on one directed link. On a full-bisection fat tree that link load grows as
-the hosts do (``n**2`` probes over about ``n`` links), so the rounds grow as the hosts: the
-schedule is greedy (pairs in the circle method's order, each round filled from the front of the
-pairs not yet placed); ``benchmarks/probe_schedule.py`` measures its rounds beside the bound.
+probes the routes put on one directed link. Under routes by destination on a full fat tree
+(hosts numbered switch by switch) every matching shares no link: ``n`` rounds, one more than the
+bound (:mod:`dpro.anomaly.fabric.routing` says why). Under a hash, links' loads are uneven and
+the greedy placement takes 1.5 to 2 times the bound (``benchmarks/probe_schedule.py`` measures
+both).
 
-    >>> rounds = disjoint_rounds(Routing.build(fat_tree(1024, radix=16)))   # doctest: +SKIP
+    >>> rounds = disjoint_rounds(Routing.build(fat_tree(1024, radix=16), by="destination"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -94,6 +94,47 @@ def _pairs(n: int) -> np.ndarray:
     return np.sort(round_robin(n).reshape(-1, 2), axis=1)
 
 
+def _mirrored(routing: Routing, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair ``a < b`` of positions in ``members`` once, grouped into matchings, and each
+    pair's matching. Written in the mixed radix of the routes' choices (``k1``, ``k2``, ... as
+    :meth:`Routing.choices` sees them from the first host to the last, then what is left), a
+    host's partner in matching ``s`` has, digit by digit, ``s - digit`` (mod the digit's base).
+    Under routes by destination on a full fat tree no two probes of a matching share a directed
+    link (:mod:`dpro.anomaly.fabric.routing`). Where the routes make no choice (one switch),
+    the circle method's ``n - 1`` perfect matchings instead."""
+    bases = routing.choices(0, len(routing.hosts) - 1)
+    if not bases:
+        rounds = round_robin(len(members))
+        return np.sort(rounds.reshape(-1, 2), axis=1), np.repeat(np.arange(len(rounds)), rounds.shape[1])
+    bases.append(-(-len(routing.hosts) // int(np.prod(bases, dtype=np.int64))))
+    hosts = members.astype(np.int64)
+    key, scale = np.zeros((len(members), len(members)), np.int64), 1
+    for base in bases:
+        digit = hosts % base
+        key += (digit[:, None] + digit[None, :]) % base * scale
+        hosts, scale = hosts // base, scale * base
+    a, b = np.triu_indices(len(members), 1)
+    matching = key[a, b]
+    order = np.argsort(matching, kind="stable")
+    return np.stack([a[order], b[order]], axis=1), matching[order]
+
+
+def _clashing(held: np.ndarray, matching: np.ndarray, pad: int) -> np.ndarray:
+    """Per pair, whether its matching (pairs sorted by it) holds a resource twice."""
+    ids, starts = np.unique(matching, return_index=True)
+    bounds = np.r_[starts, len(matching)]
+    clash = np.zeros(len(ids), bool)
+    per_chunk = max(1, (1 << 24) // (pad + 1))  # matchings counted at a time: bounded memory
+    for first in range(0, len(ids), per_chunk):
+        last = min(first + per_chunk, len(ids))
+        rows = slice(bounds[first], bounds[last])
+        local = np.repeat(np.arange(last - first), np.diff(bounds[first:last + 1]))
+        counts = np.bincount((local[:, None] * (pad + 1) + held[rows]).ravel(), minlength=(last - first) * (pad + 1))
+        counts = counts.reshape(last - first, pad + 1)[:, :pad]
+        clash[first:last] = counts.max(axis=1) > 1
+    return np.repeat(clash, np.diff(bounds))
+
+
 def _resources(routing: Routing, members: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, int]:
     """Per pair, what it holds for a round: its two hosts and both paths' directed links; and
     how many resource ids there are."""
@@ -115,12 +156,18 @@ def disjoint_rounds(routing: Routing, members: np.ndarray | None = None) -> list
     n = len(members)
     if n < 2:
         return []
-    pairs = _pairs(n)
+    pairs, matching = _mirrored(routing, members)
     held, n_ids = _resources(routing, members, pairs)
-    owner = np.zeros(n_ids + 1, np.int64)  # the last id stands for the padding
-    held = np.where(held >= 0, held, n_ids)
+    held = np.where(held >= 0, held, n_ids)  # the last id stands for the padding
+    # a matching that holds no resource twice is a round as it is; the others' pairs are placed
+    # greedily, in their matchings' order
+    clash = _clashing(held, matching, n_ids)
+    whole = np.flatnonzero(~clash)
+    rounds = np.split(pairs[whole], np.flatnonzero(np.diff(matching[whole])) + 1) if len(whole) else []
+    pairs, held = pairs[clash], held[clash]
+    owner = np.zeros(n_ids + 1, np.int64)
     left = np.zeros(0, np.int64)  # pairs tried and not placed, oldest first
-    cursor, rounds = 0, []
+    cursor = 0
     while len(left) or cursor < len(pairs):
         take = max(0, WINDOW * n - len(left))
         candidates = np.r_[left, np.arange(cursor, min(cursor + take, len(pairs)))]
