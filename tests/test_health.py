@@ -209,6 +209,8 @@ def test_bad_config_and_bad_database_are_one_line_errors_with_exit_code_3(tmp_pa
     bad = tmp_path / "health.yaml"
     for text, fragment in (("collectives: {sizes: [1]}", "unknown key collectives.'sizes'"),
                            ("pairwise: {seconds: fast}", "pairwise.seconds"),
+                           ("pairwise: {routes: ecmp}", "pairwise.routes is unknown or destination"),
+                           ("pairwise: {routes: destination}", "needs the topology"),
                            ("rules: {degraded_pct: 60, failed_pct: 50}", "degraded_pct <= failed_pct"),
                            ("baseline: missing.yaml", "does not exist"), ("- a list", "mapping")):
         bad.write_text(text)
@@ -457,6 +459,39 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
     assert all(s["kind"] == "link" for s in report["suspects"])
     assert all(n["verdict"] == "healthy" for n in report["nodes"] if n["host"] != "job")
     assert report["verdict"] == "degraded"
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_routes_by_destination_probe_both_ways_in_fewer_rounds_and_still_name_the_uplink(tmp_path: Path) -> None:
+    """The same fabric routed by destination (a /32 route a host, over spine ``d mod 2``), and
+    the check told so: its first sweep takes the schedule for known routes, each pair both ways
+    at once, and names leaf0's throttled uplink as before."""
+    reason = can_build_namespaces()
+    if reason:
+        pytest.skip(reason)
+    from dpro.testing.fabric import RoutedFabric
+
+    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=4, routes="destination") as fabric:
+        fabric.throttle_link("leaf0", "spine0", "100mbit")
+        fabric.write_topology(tmp_path / "fabric.yaml")
+        (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
+                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
+                                              "pairwise: {seconds: 0.08, routes: destination}\n")
+        runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
+                                              "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
+                                     no_python=True, timeout=300)
+    assert (tmp_path / "out" / "health.json").exists(), runs[0].stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "health.json").read_text())
+    topology = from_spec(json.loads((tmp_path / "fabric.yaml").read_text()))
+    names = hosts(topology)
+    safe = len(probe_rounds(len(names), [[t[h] for h in names] for t in probe_tiers(topology, names)]))
+    assert report["pairwise"]["routes"] == "destination"
+    assert report["pairwise"]["first_sweep_rounds"] < safe, (report["pairwise"], safe)
+    first = report["suspects"][0]
+    named = {first["name"], *first["evidence"]["same_as"]}
+    assert first["kind"] == "link" and "leaf0->spine0" in named, report["suspects"]
+    assert all(n["verdict"] == "healthy" for n in report["nodes"] if n["host"] != "job")
 
 
 def test_collectives_are_sized_by_time_and_a_size_too_slow_for_its_share_is_cut(tmp_path: Path) -> None:

@@ -114,3 +114,14 @@ def test_routes_by_destination_go_up_by_the_destinations_digits() -> None:
 def test_routes_are_chosen_by_hash_or_destination_only() -> None:
     with pytest.raises(ValueError, match="'hash' or 'destination'"):
         Routing.build(fat_tree(16, radix=4), by="random")
+
+
+def test_given_pairs_are_scheduled_apart_and_a_repeated_pair_takes_two_rounds() -> None:
+    routing = Routing.build(fat_tree(54, radix=6), by="destination")
+    members = np.arange(54)
+    pairs = [(0, 53), (5, 1), (0, 53), (20, 33), (2, 40)]
+    rounds = disjoint_rounds(routing, members, pairs)
+    assert sorted(tuple(p) for r in rounds for p in r.tolist()) == sorted([(0, 53), (1, 5), (0, 53), (20, 33), (2, 40)])
+    assert not any(((r == [0, 53]).all(axis=1)).sum() > 1 for r in rounds), "a repeated pair takes two rounds"
+    _assert_disjoint(routing, rounds, members)
+    assert disjoint_rounds(routing, members, []) == []

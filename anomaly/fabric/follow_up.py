@@ -11,7 +11,7 @@ class that stood out by chance pull it back under its threshold; those through a
 past; the suspects are then named from every probe at the stricter :data:`Z_CLASS`. A class
 every probe of its lengths may cross (both spines of a leaf-spine) is not followed up: no probe
 outside it shows what healthy looks like. The rounds keep the pairs of a round apart as the
-first sweep's do (:func:`dpro.anomaly.fabric.schedule.probe_rounds`). Doubt is judged at the
+first sweep's do (:mod:`dpro.anomaly.fabric.schedule`). Doubt is judged at the
 localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`. Of the
 settings, :data:`DOUBT` and :data:`Z_CLASS` were tuned on ``benchmarks.health_localization``'s
 tuning trials (``--tune``); :data:`EXTRA` (one more sweep at most: the check's time),
@@ -25,8 +25,9 @@ from collections.abc import Callable, Sequence
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.fabric.localize import weigh
+from dpro.anomaly.fabric.localize import has_peers, weigh
 from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 
 __all__ = ["CONFIRM", "DOUBT", "EXTRA", "PASSES", "Z_CLASS", "follow_up", "probe_adaptively"]
@@ -43,16 +44,20 @@ keeps false alarms where the first sweep alone had them."""
 Measure = Callable[[list[list[tuple[int, int]]], int], Probes]
 """Probes the rounds given, numbering them from the second argument; the probes measured."""
 Agree = Callable[[list[tuple[int, int]]], list[tuple[int, int]]]
+Schedule = Callable[[list[tuple[int, int]]], list[list[tuple[int, int]]]]
+"""The rounds of the host pairs given."""
 
 
 def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float = DOUBT,
-              confirm: float = CONFIRM) -> list[tuple[int, int]]:
+              confirm: float = CONFIRM, routing: Routing | None = None) -> list[tuple[int, int]]:
     """The host pairs (indices, ``a < b``) to probe again, at most ``budget``: those whose
-    probes may cross a class in doubt, the class nearest its threshold first."""
-    weighed = weigh(topology, probes)
+    probes may cross a class in doubt, the class nearest its threshold first (``routing``:
+    the known routes, if any)."""
+    weighed = weigh(topology, probes, routing=routing)
     targets = [(abs(1.0 - margin), crossing) for _, margin, crossing in weighed.named if margin < confirm]
     targets += [(1.0 - margin, crossing) for crossing, margin in weighed.open if doubt <= margin < 1.0]
-    targets = [(order, crossing) for order, crossing in targets if _has_peers(crossing, weighed.hops)]
+    # a class without healthy peers: more probes through it only add to what other traffic slowed
+    targets = [(order, crossing) for order, crossing in targets if has_peers(crossing, weighed.hops)]
     pairs: dict[tuple[int, int], None] = {}
     for _, crossing in sorted(targets, key=lambda t: t[0]):
         for s, d in zip(probes.src[crossing], probes.dst[crossing]):
@@ -60,32 +65,27 @@ def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float
     return list(pairs)[:budget]
 
 
-def _has_peers(crossing: np.ndarray, hops: np.ndarray) -> bool:
-    """Whether probes outside the class ran as many hops as some of its own: a class that every
-    probe of its lengths may cross (both spines of a leaf-spine) has no healthy peers to stand
-    out from, and more probes through it only add to what other traffic slowed."""
-    outside = np.ones(len(hops), bool)
-    outside[crossing] = False
-    return bool(np.isin(hops[outside], hops[crossing]).any())
-
-
 def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[Sequence[str]],
                      first: list[list[tuple[int, int]]], extra: float = EXTRA, passes: int = PASSES,
                      doubt: float = DOUBT, confirm: float = CONFIRM,
-                     agree: Agree = lambda pairs: pairs) -> tuple[Probes, int]:
+                     agree: Agree = lambda pairs: pairs, schedule: Schedule | None = None,
+                     routing: Routing | None = None) -> tuple[Probes, int]:
     """The first sweep's rounds, then up to ``passes`` follow-ups; every probe measured and the
     number of pairs the follow-ups measured. ``agree``: the pairs every prober takes, given this
-    one's (a job's ranks take rank 0's: their floats may differ by a last bit)."""
+    one's (a job's ranks take rank 0's: their floats may differ by a last bit). ``schedule``:
+    the rounds of the pairs a follow-up probes (default: :func:`probe_rounds` over ``tiers``);
+    ``routing``: the known routes the localizer weighs the probes by, if any."""
     probes = measure(first, 0)
     budget = int(extra * sum(len(r) for r in first))
     added = 0
     for _ in range(passes):
         if not len(probes.value):  # the check's time budget ran out before the first round
             break
-        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm))
+        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm, routing))
         if not pairs:
             break
-        more = measure(probe_rounds(len(probes.hosts), tiers, pairs), int(probes.round.max()) + 1)
+        rounds = schedule(pairs) if schedule is not None else probe_rounds(len(probes.hosts), tiers, pairs)
+        more = measure(rounds, int(probes.round.max()) + 1)
         if not len(more.value):  # the check's time budget ran out
             break
         probes = Probes(probes.hosts, np.r_[probes.src, more.src], np.r_[probes.dst, more.dst],

@@ -7,7 +7,9 @@ is two components here, one per direction, and a probe from ``a`` to ``b`` cross
 ``a``-to-``b`` direction of the cables on its path; a switch is a component too (a slow ASIC
 slows every link leaving it). The prober cannot see which equal-cost path a probe took, so a
 probe *may* cross the components on any of its shortest paths. Components that every probe may
-cross alike are one class: no probe can tell them apart.
+cross alike are one class: no probe can tell them apart. Where the routes are known (a
+:class:`~dpro.anomaly.fabric.routing.Routing` by destination: the fabric's own tables), a probe
+crosses the one path they give it.
 
 **Pooled evidence.** A fault of 10% hides in 10% of noise probe by probe, but not across the
 dozens of probes that may cross a link. Each probe's shortfall on a log scale is taken against
@@ -22,6 +24,12 @@ lot by other traffic weigh no more than a few slowed by a fault. A class has two
 - *counted*: how unlikely it is, as a normal ``z``, that so many of its probes are very slow
   (``Z_SLOW`` deviations short) given how often probes of as many hops outside it are: a fault
   that slows a few probes a lot in noisy data.
+
+A class whose probes' lengths no probe outside it has (both spines of a leaf-spine: every probe
+between leaves may cross either) has no healthy peers: its typical probe is read from its own
+probes, whose lower tail other tenants' traffic skews as a fault through one of its members
+would, so its pooled score is judged at ``no_peers`` times ``z_class`` (its counted score has no
+rate outside it to go by).
 
 Greedily, while a class is past one of its thresholds (``z_class``, ``z_count``) and its probes
 fall short by ``min_effect`` on average, one is named: of those past the pooled threshold, the
@@ -47,16 +55,19 @@ import networkx as nx
 import numpy as np
 
 from dpro.anomaly.fabric.probes import ProbeError, Probes, analyze
+from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.topology import host_nic
 from dpro.anomaly.suspects import Suspect
 
-__all__ = ["Weighed", "localize", "weigh"]
+__all__ = ["Weighed", "has_peers", "localize", "weigh"]
 
 Z_CLASS = 5.0
 Z_COUNT = 4.0
 MIN_EFFECT = 0.03  # a mean shortfall of 3% (log scale)
 CLIP = 2.5
 MIN_PROBES = 2
+NO_PEERS = 1.0
+"""How many times ``z_class`` a class without healthy peers needs (see the module docstring)."""
 MIN_PEERS = 8  # probes of one path length enough to take their own typical value
 Z_SLOW = 3.0  # a very slow probe: this many deviations of the noise short
 Q75, Q90 = 0.6745, 1.2816  # the normal law's 75th and 90th percentiles, in standard deviations
@@ -65,14 +76,16 @@ Component = tuple[str, str] | str  # a directed link (from, to), or a switch
 
 
 def localize(topology: nx.MultiGraph | None, probes: Probes, z_class: float = Z_CLASS,
-             min_effect: float = MIN_EFFECT, clip: float = CLIP, z_count: float = Z_COUNT) -> list[Suspect]:
+             min_effect: float = MIN_EFFECT, clip: float = CLIP, z_count: float = Z_COUNT,
+             no_peers: float = NO_PEERS, routing: Routing | None = None) -> list[Suspect]:
     """Suspect NICs (kind ``nic``), directed links (``link``) and switches (``switch``), most
     likely first; each names what no probe tells apart from it (``same_as``) and, for a NIC or
     a link, the direction (``from``, ``to``). Without a topology, the hosts and paths the
     matrix alone points at (:func:`dpro.anomaly.fabric.probes.analyze`)."""
     if topology is None:
         return analyze(probes)
-    return [suspect for suspect, _, _ in weigh(topology, probes, z_class, min_effect, clip, z_count).named]
+    return [suspect for suspect, _, _ in weigh(topology, probes, z_class, min_effect, clip, z_count, no_peers,
+                                                 routing).named]
 
 
 @dataclass
@@ -87,7 +100,8 @@ class Weighed:
 
 
 def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min_effect: float = MIN_EFFECT,
-          clip: float = CLIP, z_count: float = Z_COUNT) -> Weighed:
+          clip: float = CLIP, z_count: float = Z_COUNT, no_peers: float = NO_PEERS,
+          routing: Routing | None = None) -> Weighed:
     """The greedy localization of :func:`localize` (see the module docstring), with the
     margins that adaptive probing reads (:mod:`dpro.anomaly.fabric.follow_up`)."""
     missing = [h for h in probes.hosts if h not in topology]
@@ -95,7 +109,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
         return Weighed([], [], np.zeros(0, np.int64))
-    classes, hops = _classes(topology, probes)
+    classes, hops = _classes(topology, probes, routing)
     shortfall = _shortfall(probes, hops)
     noise = max(_upper_spread(-shortfall), 1e-9)
     z = shortfall / noise
@@ -103,10 +117,13 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     very_slow = z >= Z_SLOW
     unexplained = np.ones(len(weight), bool)
 
+    peerless = {id(crossing): not has_peers(crossing, hops) for crossing, _ in classes}
+
     def margins(left: np.ndarray, crossing: np.ndarray) -> tuple[float, float, float]:
         pooled = float(weight[left].sum()) / np.sqrt(len(left))
         counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
-        return pooled / z_class, counted / z_count, max(pooled, counted)
+        bar = z_class * (no_peers if peerless[id(crossing)] else 1.0)
+        return pooled / bar, counted / z_count, max(pooled, counted)
 
     def margin(left: np.ndarray, crossing: np.ndarray) -> float:
         return max(margins(left, crossing)[:2])
@@ -132,6 +149,14 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         if len(left) >= MIN_PROBES:
             open_classes.append((left, margin(left, crossing)))
     return Weighed(named, open_classes, hops)
+
+
+def has_peers(crossing: np.ndarray, hops: np.ndarray) -> bool:
+    """Whether probes outside the class (``crossing``: its probes) ran as many hops as some of
+    its own: healthy peers it can stand out from."""
+    outside = np.ones(len(hops), bool)
+    outside[crossing] = False
+    return bool(np.isin(hops[outside], hops[crossing]).any())
 
 
 def _excess_slow(left: np.ndarray, crossing: np.ndarray, very_slow: np.ndarray, hops: np.ndarray,
@@ -189,9 +214,10 @@ def _upper_spread(logs: np.ndarray) -> float:
     return float(np.quantile(logs, 0.90) - np.quantile(logs, 0.75)) / (Q90 - Q75)
 
 
-def _classes(topology: nx.MultiGraph, probes: Probes) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray]:
+def _classes(topology: nx.MultiGraph, probes: Probes,
+             routing: Routing | None = None) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray]:
     """The components every probe may cross alike, each class with the probes (indices); and
-    each probe's hop count."""
+    each probe's hop count. With ``routing``, a probe crosses only the path it gives."""
     graph = nx.Graph(topology)
     switches = {n for n, kind in topology.nodes(data="kind") if kind == "switch"}
     nics = {h: host_nic(topology, h) for h in probes.hosts}
@@ -201,7 +227,9 @@ def _classes(topology: nx.MultiGraph, probes: Probes) -> tuple[list[tuple[np.nda
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
         if (s, d) not in routes:
             crossed: set[Component] = set()
-            for path in nx.all_shortest_paths(graph, nics[probes.hosts[s]], nics[probes.hosts[d]]):
+            ends = nics[probes.hosts[s]], nics[probes.hosts[d]]
+            for path in ([_routed_path(routing, probes.hosts[s], probes.hosts[d], ends)] if routing is not None
+                         else nx.all_shortest_paths(graph, *ends)):
                 crossed.update(zip(path, path[1:]))
                 crossed.update(n for n in path if n in switches)
             routes[s, d] = crossed, len(path) - 1
@@ -212,6 +240,12 @@ def _classes(topology: nx.MultiGraph, probes: Probes) -> tuple[list[tuple[np.nda
     for component, crossing in may.items():
         grouped[tuple(crossing)].append(component)
     return [(np.asarray(crossing), members) for crossing, members in grouped.items()], hops
+
+
+def _routed_path(routing: Routing, a: str, b: str, nics: tuple[str, str]) -> list[str]:
+    """The nodes host ``a``'s probe to host ``b`` crosses under ``routing``, NIC to NIC."""
+    _, switches = routing.route(np.array([routing.hosts.index(a)]), np.array([routing.hosts.index(b)]))
+    return [nics[0], *(routing.switches[k] for k in switches[0] if k >= 0), nics[1]]
 
 
 def _suspect(topology: nx.MultiGraph, members: list[Component], score: float, crossing: np.ndarray,

@@ -148,14 +148,20 @@ def _resources(routing: Routing, members: np.ndarray, pairs: np.ndarray) -> tupl
     return held, n_links + len(members)
 
 
-def disjoint_rounds(routing: Routing, members: np.ndarray | None = None) -> list[np.ndarray]:
-    """Rounds covering every pair of ``members`` (host indices of ``routing``; default all) once,
+def disjoint_rounds(routing: Routing, members: np.ndarray | None = None,
+                    pairs: Sequence[tuple[int, int]] | None = None) -> list[np.ndarray]:
+    """Rounds covering ``pairs`` of positions in ``members`` (host indices of ``routing``;
+    default all; a pair listed twice is probed in two rounds) or, by default, every pair once;
     each pair both ways at once, no directed link used twice in a round (see the module
-    docstring). Each round is ``(P, 2)`` of positions in ``members``."""
+    docstring). Each round is ``(P, 2)`` of positions in ``members``, ``a < b``."""
     members = np.arange(len(routing.hosts)) if members is None else np.asarray(members, np.int64)
     n = len(members)
-    if n < 2:
+    if n < 2 or (pairs is not None and not len(pairs)):
         return []
+    if pairs is not None:  # placed greedily, in the order given
+        pairs = np.sort(np.asarray(pairs, np.int64).reshape(-1, 2), axis=1)
+        held, n_ids = _resources(routing, members, pairs)
+        return _placed(pairs, np.where(held >= 0, held, n_ids), n_ids, n)
     pairs, matching = _mirrored(routing, members)
     held, n_ids = _resources(routing, members, pairs)
     held = np.where(held >= 0, held, n_ids)  # the last id stands for the padding
@@ -164,7 +170,13 @@ def disjoint_rounds(routing: Routing, members: np.ndarray | None = None) -> list
     clash = _clashing(held, matching, n_ids)
     whole = np.flatnonzero(~clash)
     rounds = np.split(pairs[whole], np.flatnonzero(np.diff(matching[whole])) + 1) if len(whole) else []
-    pairs, held = pairs[clash], held[clash]
+    return rounds + _placed(pairs[clash], held[clash], n_ids, n)
+
+
+def _placed(pairs: np.ndarray, held: np.ndarray, n_ids: int, n: int) -> list[np.ndarray]:
+    """Rounds of ``pairs`` placed greedily: each round takes, from the front of those left
+    (``WINDOW * n`` at a time), the pairs whose resources are still free."""
+    rounds = []
     owner = np.zeros(n_ids + 1, np.int64)
     left = np.zeros(0, np.int64)  # pairs tried and not placed, oldest first
     cursor = 0

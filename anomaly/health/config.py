@@ -10,6 +10,9 @@
     pairwise:
       megabytes: 1                # per message
       seconds: 0.4                # of traffic per direction of each pair
+      routes: unknown             # or destination: the fabric routes by destination (InfiniBand's
+                                  # fat-tree routing), so with the topology a round carries as many
+                                  # pairs out of a pod as its uplinks, each pair both ways at once
     topology: fabric.yaml         # the fabric (dpro diagnose's format): localize links, schedule probes
     baseline: baseline.yaml       # expected values; without it, learned from the history
     rules:
@@ -36,6 +39,7 @@ from dpro.errors import DproError
 __all__ = ["ALL_OPS", "HealthConfig", "HealthConfigError", "load_config"]
 
 ALL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+ROUTES = ("unknown", "destination")
 
 
 class HealthConfigError(DproError, ValueError):
@@ -54,6 +58,7 @@ class Collectives:
 class Pairwise:
     megabytes: float = 1.0
     seconds: float = 0.4
+    routes: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,10 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
     pairwise = _section(spec, "pairwise", Pairwise, path)
     if pairwise.megabytes <= 0 or pairwise.seconds <= 0:
         raise HealthConfigError(f"{path}: pairwise.megabytes and pairwise.seconds must be positive")
+    if pairwise.routes not in ROUTES:
+        raise HealthConfigError(f"{path}: pairwise.routes is {' or '.join(ROUTES)}, not {pairwise.routes!r}")
+    if pairwise.routes == "destination" and spec.get("topology") is None:
+        raise HealthConfigError(f"{path}: pairwise.routes: destination needs the topology (the routes are read from it)")
     rules = _section(spec, "rules", Rules, path)
     if not 0 < rules.degraded_pct <= rules.failed_pct or rules.min_nights < 1 or rules.nights < rules.min_nights:
         raise HealthConfigError(f"{path}: rules: need 0 < degraded_pct <= failed_pct and 1 <= min_nights <= nights")
@@ -172,6 +181,10 @@ def _section(spec: dict[str, Any], name: str, cls: type, path: Path) -> Any:
                 if not isinstance(value, list) or any(isinstance(v, bool) for v in value):
                     raise TypeError
                 out[f.name] = tuple(type(default[0])(v) for v in value)
+            elif isinstance(default, str):
+                if not isinstance(value, str):
+                    raise TypeError
+                out[f.name] = value
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError
             else:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dpro.anomaly.fabric.probes import Probes, to_matrix
+from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.topology import probe_tiers, read_topology
 
 from dpro.anomaly.health.budget import Budget
@@ -78,8 +79,11 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         budget = Budget(config.time_budget_s)
         job_checks = run_collectives(config.collectives.ops, config.collectives.sizes_mb,
                                      config.collectives.iterations, device, config.collectives.seconds, budget)
-        probes, cut, again = measure_pairwise(rank_hosts, config.pairwise.megabytes, config.pairwise.seconds, device,
-                                              tiers, budget, topology)
+        routing = Routing.build(topology, by="destination") \
+            if topology is not None and config.pairwise.routes == "destination" else None
+        probes, cut, again, first_rounds = measure_pairwise(rank_hosts, config.pairwise.megabytes,
+                                                            config.pairwise.seconds, device, tiers, budget, topology,
+                                                            routing)
         if cut:
             job_checks.append(Check("pairwise.budget", "skip", cut))
         if again:
@@ -90,7 +94,10 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         dist.gather_object((host, node_checks), gathered, dst=0)
         report = None
         if gathered is not None:
-            report = _judge(config, history, started, rank_hosts, gathered, job_checks, probes, topology, backend)
+            report = _judge(config, history, started, rank_hosts, gathered, job_checks, probes, topology, backend,
+                            routing)
+            if probes is not None:
+                report.facts["pairwise"]["first_sweep_rounds"] = first_rounds
         code = [report.exit_code if report is not None else 0]
         dist.broadcast_object_list(code, src=0)
     finally:
@@ -100,7 +107,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
 
 def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | None, started: str,
            rank_hosts: list[str], gathered: list[Any], job_checks: list[Check], probes: Probes | None,
-           topology: Any, backend: str) -> HealthReport:
+           topology: Any, backend: str, routing: Routing | None = None) -> HealthReport:
     nodes = {h: Node(h) for h in rank_hosts}
     for h, checks in gathered:
         nodes[h].checks += checks
@@ -110,8 +117,9 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
                                  "time_budget_s": config.time_budget_s,
                                  "rules": asdict(config.rules)})
     if probes is not None:
-        report.suspects = judge_network(report, probes, topology)
-        report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes)}
+        report.suspects = judge_network(report, probes, topology, routing)
+        report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes), "routes": config.pairwise.routes,
+                                    "rounds": len(np.unique(probes.round))}
     else:
         report.node(JOB).checks.append(Check("pairwise", "skip", "one host: no host pairs to probe"))
     apply_rules(report, config, history)

@@ -13,6 +13,7 @@ import numpy as np
 from dpro.anomaly.fabric import follow_up
 from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.probes import Probes, to_matrix
+from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.suspects import Suspect
 
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
@@ -20,9 +21,10 @@ from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
 __all__ = ["judge_network"]
 
 
-def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph | None) -> list[Suspect]:
+def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph | None,
+                  routing: Routing | None = None) -> list[Suspect]:
     """Add each host's ``pairwise`` check and the fabric's suspects to ``report``; the suspects,
-    most likely first."""
+    most likely first (``routing``: the fabric's known routes, if any)."""
     pairwise: dict[str, Check] = {}
     matrix = to_matrix(probes)  # a direction the check followed up counts once (its median)
     for i, host in enumerate(probes.hosts):
@@ -31,7 +33,7 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
             Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))})
         report.node(host).checks.append(pairwise[host])
-    suspects = localize(topology, probes, z_class=follow_up.Z_CLASS)  # the check follows up (see there)
+    suspects = localize(topology, probes, z_class=follow_up.Z_CLASS, routing=routing)  # the check follows up
     fabric = Check("fabric")
     for suspect in suspects:
         check = pairwise[suspect.host] if suspect.kind in ("host", "nic") and suspect.host in pairwise else fabric

@@ -3,8 +3,12 @@
 One rank per host (its lowest) probes, in the rounds of :func:`dpro.anomaly.fabric.schedule.probe_rounds`
 (every pair of hosts once; given each host's edge switch and pod, no two probes of a round on one
 link, whichever path ECMP picks); a pair measures one way, then the other, while the other pairs
-of the round do the same. Given the topology, the pairs whose probes may cross a class the
-first sweep left in doubt are probed again (:mod:`dpro.anomaly.fabric.follow_up`).
+of the round do the same. Where the fabric routes by destination (``pairwise.routes``), the
+first sweep takes the rounds of :func:`dpro.anomaly.fabric.schedule.disjoint_rounds` instead
+(the routes read from the topology: as many pairs out of a pod as its uplinks carry apart), and
+a pair measures both ways at once. Given the topology, the pairs whose probes may cross a class
+the first sweep left in doubt are probed again (:mod:`dpro.anomaly.fabric.follow_up`), in rounds
+kept apart the same way.
 
 A direction is measured by sending messages of ``megabytes`` back to back, as many as fill about
 ``seconds`` (sized from one timed message), and waiting for the receiver's acknowledgement.
@@ -12,8 +16,10 @@ A direction is measured by sending messages of ``megabytes`` back to back, as ma
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -22,10 +28,11 @@ import torch.distributed as dist
 
 from dpro.anomaly.fabric.follow_up import probe_adaptively
 from dpro.anomaly.fabric.probes import Probes
-from dpro.anomaly.fabric.schedule import probe_rounds
+from dpro.anomaly.fabric.routing import Routing
+from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
 from dpro.anomaly.health.budget import Budget
 
-__all__ = ["leaders", "measure_pairwise"]
+__all__ = ["Measured", "leaders", "measure_pairwise"]
 
 MAX_MESSAGES = 512
 
@@ -38,33 +45,61 @@ def leaders(rank_hosts: Sequence[str]) -> list[int]:
     return list(seen.values())
 
 
+class Measured(NamedTuple):
+    """The probes (Gb/s, sender to receiver), None with a single host; what the check's budget
+    cut (rounds not run once it ran out), if anything; the pairs probed again; and the rounds
+    the first sweep was scheduled in."""
+
+    probes: Probes | None
+    cut: str | None
+    again: int
+    first_rounds: int
+
+
 def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float, device: torch.device,
                      tiers: Sequence[dict[str, str]] = (), budget: Budget | None = None,
-                     topology: nx.MultiGraph | None = None) -> tuple[Probes | None, str | None, int]:
-    """The probes (Gb/s, sender to receiver) on every rank, None with a single host; what the
-    check's ``budget`` cut (rounds not run once it ran out), if anything; and the pairs probed
-    again. Every rank must call it; ``tiers``: host -> edge switch, host -> pod, to keep probes
+                     topology: nx.MultiGraph | None = None,
+                     routing: Routing | None = None) -> Measured:
+    """What :class:`Measured` holds, on every rank. Every rank must call it; ``tiers``: host -> edge switch, host -> pod, to keep probes
     of a round apart. With the ``topology``, the first sweep is followed up where it leaves a
     class in doubt (:func:`dpro.anomaly.fabric.follow_up.probe_adaptively`; every rank takes
-    the same decisions from the same gathered probes)."""
+    the same decisions from the same gathered probes). ``routing``: the topology's known routes
+    (by destination); the rounds then follow them, each pair both ways at once, and the
+    follow-ups weigh the probes by them."""
     heads = leaders(rank_hosts)
     hosts = [rank_hosts[r] for r in heads]
     if len(heads) < 2:
-        return None, None, 0
+        return Measured(None, None, 0, 0)
     groups = [[tier.get(h, h) for h in hosts] for tier in tiers]
     elements = max(1, int(megabytes * 2**20) // 4)
     cut: list[str] = []
 
+    both_ways = routing is not None and topology is not None
+
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
-        rows = _probe_rounds(heads, rounds, first_round, elements, seconds, device, budget, cut)
+        rows = _probe_rounds(heads, rounds, first_round, elements, seconds, device, budget, cut, both_ways)
         return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
                       rows[:, 3])
 
-    first = probe_rounds(len(heads), groups)
+    schedule = _routed(routing, hosts) if both_ways else None
+    first = schedule(None) if schedule is not None else probe_rounds(len(heads), groups)
     if topology is None:
-        return measure(first, 0), (cut or [None])[0], 0
-    probes, added = probe_adaptively(measure, topology, groups, first, agree=_rank0s)
-    return probes, (cut or [None])[0], added
+        return Measured(measure(first, 0), (cut or [None])[0], 0, len(first))
+    probes, added = probe_adaptively(measure, topology, groups, first, agree=_rank0s, schedule=schedule,
+                                     routing=routing if both_ways else None)
+    return Measured(probes, (cut or [None])[0], added, len(first))
+
+
+def _routed(routing: Routing, hosts: list[str]) -> Callable[[Sequence[tuple[int, int]] | None],
+                                                           list[list[tuple[int, int]]]]:
+    """The rounds of the given pairs of ``hosts`` (every pair: None) under ``routing``
+    (:func:`dpro.anomaly.fabric.schedule.disjoint_rounds`)."""
+    members = np.array([routing.hosts.index(h) for h in hosts])
+
+    def schedule(pairs: Sequence[tuple[int, int]] | None) -> list[list[tuple[int, int]]]:
+        return [[(int(a), int(b)) for a, b in r] for r in disjoint_rounds(routing, members, pairs)]
+
+    return schedule
 
 
 def _rank0s(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -77,9 +112,11 @@ def _rank0s(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_round: int, elements: int,
-                  seconds: float, device: torch.device, budget: Budget | None, cut: list[str]) -> np.ndarray:
-    """Run ``rounds`` (host indices; the hosts' lowest ranks probe); rows ``(src, dst, round,
-    Gb/s)`` on every rank. Once the ``budget`` is spent the rest is not run, and said in ``cut``."""
+                  seconds: float, device: torch.device, budget: Budget | None, cut: list[str],
+                  both_ways: bool = False) -> np.ndarray:
+    """Run ``rounds`` (host indices; the hosts' lowest ranks probe), each pair one way then the
+    other, or ``both_ways`` at once; rows ``(src, dst, round, Gb/s)`` on every rank. Once the
+    ``budget`` is spent the rest is not run, and said in ``cut``."""
     me = dist.get_rank()
     found: list[tuple[int, int, int, float]] = []
     for index, pairs in enumerate(rounds):
@@ -87,6 +124,10 @@ def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_r
             cut.append(budget.cut(f"{len(rounds) - index} of {len(rounds)} probe rounds not run"))
             break
         for a, b in pairs:
+            if both_ways and me in (heads[a], heads[b]):
+                src, dst = (a, b) if me == heads[a] else (b, a)
+                found.append((src, dst, first_round + index, _exchange(heads[dst], elements, seconds, device)))
+                continue
             for src, dst in ((a, b), (b, a)):
                 if me == heads[src]:
                     gbps = _send(heads[dst], elements, seconds, device)
@@ -99,33 +140,57 @@ def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_r
     return np.array([p for part in everyone for p in part], np.float64).reshape(-1, 4)
 
 
-def _send(peer: int, elements: int, seconds: float, device: torch.device) -> float:
+def _exchange(peer: int, elements: int, seconds: float, device: torch.device) -> float:
+    """Send to ``peer`` while receiving its probe, each way on its own tag; Gb/s sent."""
+    failed: list[Exception] = []
+
+    def receive() -> None:
+        try:
+            _receive(peer, elements, device, tag=BACK)
+        except Exception as e:  # raised again on the probing thread
+            failed.append(e)
+
+    receiver = threading.Thread(target=receive, name="dpro-health-probe", daemon=True)
+    receiver.start()
+    gbps = _send(peer, elements, seconds, device, tag=BACK)
+    receiver.join()
+    if failed:
+        raise failed[0]
+    return gbps
+
+
+BACK = 1
+"""The tag of a probe's messages while its pair probes both ways at once (its acknowledgements:
+``BACK + 1``): each direction's messages keep to their own stream."""
+
+
+def _send(peer: int, elements: int, seconds: float, device: torch.device, tag: int = 0) -> float:
     message = torch.ones(elements, device=device)
     ack = torch.zeros(1, device=device)
-    dist.send(message, peer)  # the first message opens the connection: not timed
-    dist.recv(ack, peer)
+    dist.send(message, peer, tag=tag)  # the first message opens the connection: not timed
+    dist.recv(ack, peer, tag=tag + 1)
     start = time.perf_counter()
-    dist.send(message, peer)
-    dist.recv(ack, peer)
+    dist.send(message, peer, tag=tag)
+    dist.recv(ack, peer, tag=tag + 1)
     one = time.perf_counter() - start
     count = int(min(MAX_MESSAGES, max(1, round(seconds / max(one, 1e-6)))))
-    dist.send(torch.tensor([float(count)], device=device), peer)
+    dist.send(torch.tensor([float(count)], device=device), peer, tag=tag)
     start = time.perf_counter()
     for _ in range(count):
-        dist.send(message, peer)
-    dist.recv(ack, peer)
+        dist.send(message, peer, tag=tag)
+    dist.recv(ack, peer, tag=tag + 1)
     elapsed = time.perf_counter() - start
     return count * elements * 4 * 8 / elapsed / 1e9
 
 
-def _receive(peer: int, elements: int, device: torch.device) -> None:
+def _receive(peer: int, elements: int, device: torch.device, tag: int = 0) -> None:
     message = torch.empty(elements, device=device)
     ack = torch.zeros(1, device=device)
     for _ in range(2):
-        dist.recv(message, peer)
-        dist.send(ack, peer)
+        dist.recv(message, peer, tag=tag)
+        dist.send(ack, peer, tag=tag + 1)
     count = torch.zeros(1, device=device)
-    dist.recv(count, peer)
+    dist.recv(count, peer, tag=tag)
     for _ in range(int(count.item())):
-        dist.recv(message, peer)
-    dist.send(ack, peer)
+        dist.recv(message, peer, tag=tag)
+    dist.send(ack, peer, tag=tag + 1)

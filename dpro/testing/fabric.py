@@ -5,7 +5,10 @@ Hosts are namespaces (as in :class:`dpro.testing.netns.NetnsCluster`: their own 
 has a /24 for its hosts (``10.<net>.<leaf>.0/24``, the leaf at ``.1``); each leaf–spine cable is
 a /30; a leaf reaches the other leaves' /24s over every spine at once (an ECMP route, ``ip route
 ... nexthop via ... nexthop via ...``, hashed on addresses and ports), a spine reaches each /24
-through its leaf. One direction of a leaf–spine cable can be throttled with ``tc tbf``.
+through its leaf. With ``routes="destination"`` a leaf routes by destination instead, the way
+InfiniBand's fat-tree routing does: host ``d`` of another leaf (hosts numbered leaf by leaf) over
+spine ``d mod spines``, a ``/32`` route each. One direction of a leaf–spine cable can be
+throttled with ``tc tbf``.
 
     >>> with RoutedFabric(leaves=2, spines=2, hosts_per_leaf=3) as fabric:   # doctest: +SKIP
     ...     fabric.throttle_link("leaf0", "spine0", "100mbit")               # leaf0 -> spine0 only
@@ -30,9 +33,12 @@ class RoutedFabric(NetnsCluster):
     :func:`dpro.testing.netns.torchrun_across_hosts` work as on a cluster."""
 
     def __init__(self, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2, *, prefix: str = "dfab",
-                 net: int = 90) -> None:
+                 net: int = 90, routes: str = "ecmp") -> None:
         if not (1 <= leaves <= 16 and 1 <= spines <= 16 and 1 <= hosts_per_leaf <= 200):
             raise ValueError("a fabric has 1-16 leaves, 1-16 spines and 1-200 hosts per leaf")
+        if routes not in ("ecmp", "destination"):
+            raise ValueError(f"a fabric routes by 'ecmp' or 'destination', not {routes!r}")
+        self.routes = routes
         super().__init__(leaves * hosts_per_leaf, prefix=prefix, subnet=f"10.{net}.0")
         self.net = net
         self.leaves = [f"leaf{i}" for i in range(leaves)]
@@ -96,6 +102,13 @@ class RoutedFabric(NetnsCluster):
                 _sh("ip", "-n", self.router_netns(spine_name), "route", "add", f"10.{self.net}.{leaf}.0/24",
                     "via", leaf_ip)
         for leaf, leaf_name in enumerate(self.leaves):
+            if self.routes == "destination":
+                for h in self.hosts:
+                    if h.index // self.hosts_per_leaf != leaf:
+                        spine = h.index % len(self.spines)
+                        _sh("ip", "-n", self.router_netns(leaf_name), "route", "add", f"{h.ip}/32",
+                            "via", self._cable(leaf, spine)[1], "dev", f"up-s{spine}")
+                continue
             for other in range(len(self.leaves)):
                 if other == leaf:
                     continue
