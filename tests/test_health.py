@@ -528,3 +528,20 @@ def test_a_check_whose_time_budget_runs_out_says_what_it_cut_and_is_still_kept(t
     assert_one_line_error(_health("--time-budget", "0"), "--time-budget")
     (tmp_path / "bad.yaml").write_text("time_budget_s: -5\n")
     assert_one_line_error(_health("--config", tmp_path / "bad.yaml"), "time_budget_s")
+
+
+def test_a_class_without_healthy_peers_needs_more_evidence() -> None:
+    """Every probe between the leaves of a leaf-spine may cross either spine: the spines are one
+    class with no probe of their length outside it. A lower tail there (other tenants' traffic
+    skews it as a spine's fault would) past ``z_class`` but short of ``no_peers`` times it is not named."""
+    fabric = leaf_spine(4, 4, 2)
+    topology = from_spec(topology_spec(fabric))
+    rng = np.random.default_rng(5)
+    src, dst = (np.array(side) for side in zip(*[(a, b) for a in range(16) for b in range(16) if a != b]))
+    between = src // 4 != dst // 4
+    value = 100 * np.exp(rng.normal(0, 0.03, len(src)))
+    value[between] *= np.where(rng.random(between.sum()) < 0.2, 0.8, 1.0)  # a skewed tail between leaves
+    probes = Probes(fabric.hosts, src, dst, np.zeros(len(src), np.int64), value)
+    named = localize(topology, probes, no_peers=1.0)
+    assert named and named[0].kind == "switch" and named[0].name.startswith("spine"), named
+    assert not any(s.name.startswith("spine") for s in localize(topology, probes)), "not at the default no_peers"
