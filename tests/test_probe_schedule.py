@@ -93,11 +93,11 @@ def test_a_subset_of_the_hosts_is_scheduled_among_themselves() -> None:
 @pytest.mark.parametrize("hosts, radix", [(16, 4), (54, 6), (128, 8)])
 def test_routes_by_destination_on_a_full_fat_tree_take_about_the_circle_methods_rounds(hosts: int, radix: int) -> None:
     """Under destination-mod-k routes each matching of the schedule shares no link: ``n`` rounds
-    (the bound is ``n - 1``), where the hash's routes take over half as many again."""
+    (the bound is ``n - 1``), fewer than the hash's routes take (their links' loads are uneven)."""
     topology = fat_tree(hosts, radix=radix)
     by_destination = disjoint_rounds(Routing.build(topology, by="destination"))
     assert len(by_destination) <= hosts
-    assert len(disjoint_rounds(Routing.build(topology))) > 1.5 * hosts
+    assert len(by_destination) < len(disjoint_rounds(Routing.build(topology)))
 
 
 def test_routes_by_destination_go_up_by_the_destinations_digits() -> None:

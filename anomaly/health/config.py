@@ -11,8 +11,10 @@
       megabytes: 1                # per message
       seconds: 0.4                # of traffic per direction of each pair
       routes: unknown             # or destination: the fabric routes by destination (InfiniBand's
-                                  # fat-tree routing), so with the topology a round carries as many
-                                  # pairs out of a pod as its uplinks, each pair both ways at once
+                                  # fat-tree routing, host d over uplink d mod k, d the host's place
+                                  # in the topology's natural order), so with the topology a round
+                                  # carries as many pairs out of a pod as its uplinks, each pair both
+                                  # ways at once, and the localizer trusts those paths
     topology: fabric.yaml         # the fabric (dpro diagnose's format): localize links, schedule probes
     baseline: baseline.yaml       # expected values; without it, learned from the history
     rules:
@@ -111,9 +113,9 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
     if pairwise.megabytes <= 0 or pairwise.seconds <= 0:
         raise HealthConfigError(f"{path}: pairwise.megabytes and pairwise.seconds must be positive")
     if pairwise.routes not in ROUTES:
-        raise HealthConfigError(f"{path}: pairwise.routes is {' or '.join(ROUTES)}, not {pairwise.routes!r}")
+        raise HealthConfigError(f"{path}: pairwise.routes is one of {', '.join(ROUTES)}, not {pairwise.routes!r}")
     if pairwise.routes == "destination" and spec.get("topology") is None:
-        raise HealthConfigError(f"{path}: pairwise.routes: destination needs the topology (the routes are read from it)")
+        raise HealthConfigError(f"{path}: pairwise.routes: destination needs the topology (the routes come from it)")
     rules = _section(spec, "rules", Rules, path)
     if not 0 < rules.degraded_pct <= rules.failed_pct or rules.min_nights < 1 or rules.nights < rules.min_nights:
         raise HealthConfigError(f"{path}: rules: need 0 < degraded_pct <= failed_pct and 1 <= min_nights <= nights")

@@ -35,6 +35,8 @@ from dpro.anomaly.health.budget import Budget
 __all__ = ["Measured", "leaders", "measure_pairwise"]
 
 MAX_MESSAGES = 512
+ACK_TAG = 1
+"""The acknowledgements' tag while a pair probes both ways at once (gloo; the messages keep tag 0)."""
 
 
 def leaders(rank_hosts: Sequence[str]) -> list[int]:
@@ -60,12 +62,14 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
                      tiers: Sequence[dict[str, str]] = (), budget: Budget | None = None,
                      topology: nx.MultiGraph | None = None,
                      routing: Routing | None = None) -> Measured:
-    """What :class:`Measured` holds, on every rank. Every rank must call it; ``tiers``: host -> edge switch, host -> pod, to keep probes
-    of a round apart. With the ``topology``, the first sweep is followed up where it leaves a
-    class in doubt (:func:`dpro.anomaly.fabric.follow_up.probe_adaptively`; every rank takes
-    the same decisions from the same gathered probes). ``routing``: the topology's known routes
-    (by destination); the rounds then follow them, each pair both ways at once, and the
-    follow-ups weigh the probes by them."""
+    """What :class:`Measured` holds, on every rank. Every rank must call it; ``tiers``: host ->
+    edge switch, host -> pod, to keep probes of a round apart. With the ``topology``, the first
+    sweep is followed up where it leaves a class in doubt
+    (:func:`dpro.anomaly.fabric.follow_up.probe_adaptively`; every rank takes the same
+    decisions from the same gathered probes). ``routing``: the topology's known routes
+    (by destination); the rounds then follow them, each pair both ways at once (over gloo;
+    NCCL takes no tags to keep a pair's two streams apart, so there one way after the other),
+    and the follow-ups weigh the probes by them."""
     heads = leaders(rank_hosts)
     hosts = [rank_hosts[r] for r in heads]
     if len(heads) < 2:
@@ -74,19 +78,20 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
     elements = max(1, int(megabytes * 2**20) // 4)
     cut: list[str] = []
 
-    both_ways = routing is not None and topology is not None
+    routing = routing if topology is not None else None
+    both_ways = routing is not None and dist.get_backend() == "gloo"
 
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
         rows = _probe_rounds(heads, rounds, first_round, elements, seconds, device, budget, cut, both_ways)
         return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
                       rows[:, 3])
 
-    schedule = _routed(routing, hosts) if both_ways else None
+    schedule = _routed(routing, hosts) if routing is not None else None
     first = schedule(None) if schedule is not None else probe_rounds(len(heads), groups)
     if topology is None:
         return Measured(measure(first, 0), (cut or [None])[0], 0, len(first))
     probes, added = probe_adaptively(measure, topology, groups, first, agree=_rank0s, schedule=schedule,
-                                     routing=routing if both_ways else None)
+                                     routing=routing)
     return Measured(probes, (cut or [None])[0], added, len(first))
 
 
@@ -141,56 +146,55 @@ def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_r
 
 
 def _exchange(peer: int, elements: int, seconds: float, device: torch.device) -> float:
-    """Send to ``peer`` while receiving its probe, each way on its own tag; Gb/s sent."""
+    """Send to ``peer`` while receiving its probe (a thread receives); Gb/s sent. The
+    acknowledgements go on a tag of their own (:data:`ACK_TAG`), so that neither side takes the
+    other's acknowledgement for a message of its probe."""
     failed: list[Exception] = []
 
     def receive() -> None:
         try:
-            _receive(peer, elements, device, tag=BACK)
+            _receive(peer, elements, device, ack_tag=ACK_TAG)
         except Exception as e:  # raised again on the probing thread
             failed.append(e)
 
     receiver = threading.Thread(target=receive, name="dpro-health-probe", daemon=True)
     receiver.start()
-    gbps = _send(peer, elements, seconds, device, tag=BACK)
-    receiver.join()
+    try:
+        gbps = _send(peer, elements, seconds, device, ack_tag=ACK_TAG)
+    finally:
+        receiver.join()
     if failed:
         raise failed[0]
     return gbps
 
 
-BACK = 1
-"""The tag of a probe's messages while its pair probes both ways at once (its acknowledgements:
-``BACK + 1``): each direction's messages keep to their own stream."""
-
-
-def _send(peer: int, elements: int, seconds: float, device: torch.device, tag: int = 0) -> float:
+def _send(peer: int, elements: int, seconds: float, device: torch.device, ack_tag: int = 0) -> float:
     message = torch.ones(elements, device=device)
     ack = torch.zeros(1, device=device)
-    dist.send(message, peer, tag=tag)  # the first message opens the connection: not timed
-    dist.recv(ack, peer, tag=tag + 1)
+    dist.send(message, peer)  # the first message opens the connection: not timed
+    dist.recv(ack, peer, tag=ack_tag)
     start = time.perf_counter()
-    dist.send(message, peer, tag=tag)
-    dist.recv(ack, peer, tag=tag + 1)
+    dist.send(message, peer)
+    dist.recv(ack, peer, tag=ack_tag)
     one = time.perf_counter() - start
     count = int(min(MAX_MESSAGES, max(1, round(seconds / max(one, 1e-6)))))
-    dist.send(torch.tensor([float(count)], device=device), peer, tag=tag)
+    dist.send(torch.tensor([float(count)], device=device), peer)
     start = time.perf_counter()
     for _ in range(count):
-        dist.send(message, peer, tag=tag)
-    dist.recv(ack, peer, tag=tag + 1)
+        dist.send(message, peer)
+    dist.recv(ack, peer, tag=ack_tag)
     elapsed = time.perf_counter() - start
     return count * elements * 4 * 8 / elapsed / 1e9
 
 
-def _receive(peer: int, elements: int, device: torch.device, tag: int = 0) -> None:
+def _receive(peer: int, elements: int, device: torch.device, ack_tag: int = 0) -> None:
     message = torch.empty(elements, device=device)
     ack = torch.zeros(1, device=device)
     for _ in range(2):
-        dist.recv(message, peer, tag=tag)
-        dist.send(ack, peer, tag=tag + 1)
+        dist.recv(message, peer)
+        dist.send(ack, peer, tag=ack_tag)
     count = torch.zeros(1, device=device)
-    dist.recv(count, peer, tag=tag)
+    dist.recv(count, peer)
     for _ in range(int(count.item())):
-        dist.recv(message, peer, tag=tag)
-    dist.send(ack, peer, tag=tag + 1)
+        dist.recv(message, peer)
+    dist.send(ack, peer, tag=ack_tag)
