@@ -34,7 +34,7 @@ from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.rules import Baseline, judge, learned
 from dpro.testing.browser import start_dashboard
 from dpro.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
-from tests.conftest import ROOT, assert_one_line_error, dpro
+from tests.conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 FAKES = Path(__file__).parent / "fakes"
 ARTIFACTS = Path(os.environ.get("DPRO_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"
@@ -546,3 +546,17 @@ def test_a_class_without_healthy_peers_needs_more_evidence() -> None:
     named = localize(topology, probes, no_peers=1.0)
     assert named and named[0].kind == "switch" and named[0].name.startswith("spine"), named
     assert not any(s.name.startswith("spine") for s in localize(topology, probes, no_peers=1.5))
+
+
+def test_a_pair_probes_both_ways_at_once_over_gloo_without_mixing_its_streams() -> None:
+    """Two local ranks probe each other in two rounds, one way after the other and then both
+    ways at once (a receiver thread, the acknowledgements on their own tag): every direction of
+    every round gives a rate, and nothing hangs."""
+    result = subprocess.run([*TORCHRUN, "--nproc-per-node=2", JOBS / "pairwise_both_ways.py"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    for mode in ("one", "both"):
+        probes = sorted((int(s), int(d), int(r)) for s, d, r, _ in rows[mode])
+        assert probes == [(0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1)], (mode, rows[mode])
+        assert all(gbps > 0 for *_, gbps in rows[mode])
