@@ -426,6 +426,28 @@ def test_the_dashboard_needs_a_run_or_an_existing_health_history(tmp_path: Path)
     assert_one_line_error(dpro("dashboard", "--health-db", f"sqlite:///{other}"), "not a health history")
 
 
+def _health_on_a_routed_fabric(tmp_path: Path, routes: str, pairwise: str) -> dict:
+    """``dpro health`` across a routed leaf-spine of namespaces (3 leaves of 4 hosts, 2 spines,
+    routed by ``routes``) whose ``leaf0 -> spine0`` is throttled to 100 Mbit/s; its report.
+    ``pairwise``: the config's pairwise line."""
+    reason = can_build_namespaces()
+    if reason:
+        pytest.skip(reason)
+    from dpro.testing.fabric import RoutedFabric
+
+    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=4, routes=routes) as fabric:
+        fabric.throttle_link("leaf0", "spine0", "100mbit")
+        fabric.write_topology(tmp_path / "fabric.yaml")
+        (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
+                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
+                                              f"{pairwise}\n")
+        runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
+                                              "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
+                                     no_python=True, timeout=300)
+    assert (tmp_path / "out" / "health.json").exists(), runs[0].stderr[-2000:]
+    return json.loads((tmp_path / "out" / "health.json").read_text())
+
+
 @pytest.mark.privileged
 @pytest.mark.slow
 def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_host(tmp_path: Path) -> None:
@@ -435,22 +457,7 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
     about 5 of them through spine0 (its counted score: 5 very slow probes of 32, where few
     others are); that fewer take it has odds of 1 in 100,000 (with three hosts a leaf, 5 of 18
     were needed and missed with odds of 1 in 65)."""
-    reason = can_build_namespaces()
-    if reason:
-        pytest.skip(reason)
-    from dpro.testing.fabric import RoutedFabric
-
-    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=4) as fabric:
-        fabric.throttle_link("leaf0", "spine0", "100mbit")
-        fabric.write_topology(tmp_path / "fabric.yaml")
-        (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
-                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
-                                              "pairwise: {seconds: 0.08}\n")
-        runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
-                                              "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
-                                     no_python=True, timeout=300)
-    assert (tmp_path / "out" / "health.json").exists(), runs[0].stderr[-2000:]
-    report = json.loads((tmp_path / "out" / "health.json").read_text())
+    report = _health_on_a_routed_fabric(tmp_path, "ecmp", "pairwise: {seconds: 0.08}")
     assert report["suspects"], report["pairwise"]
     first = report["suspects"][0]
     named = {first["name"], *first["evidence"]["same_as"]}
@@ -467,22 +474,7 @@ def test_routes_by_destination_probe_both_ways_in_fewer_rounds_and_still_name_th
     """The same fabric routed by destination (a /32 route a host, over spine ``d mod 2``), and
     the check told so: its first sweep takes the schedule for known routes, each pair both ways
     at once, and names leaf0's throttled uplink as before."""
-    reason = can_build_namespaces()
-    if reason:
-        pytest.skip(reason)
-    from dpro.testing.fabric import RoutedFabric
-
-    with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=4, routes="destination") as fabric:
-        fabric.throttle_link("leaf0", "spine0", "100mbit")
-        fabric.write_topology(tmp_path / "fabric.yaml")
-        (tmp_path / "health.yaml").write_text("topology: fabric.yaml\n"
-                                              "collectives: {ops: [all_reduce], sizes_mb: [1], iterations: 2}\n"
-                                              "pairwise: {seconds: 0.08, routes: destination}\n")
-        runs = torchrun_across_hosts(fabric, [Path(sys.executable).parent / "dpro", "health", "-o", tmp_path / "out",
-                                              "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
-                                     no_python=True, timeout=300)
-    assert (tmp_path / "out" / "health.json").exists(), runs[0].stderr[-2000:]
-    report = json.loads((tmp_path / "out" / "health.json").read_text())
+    report = _health_on_a_routed_fabric(tmp_path, "destination", "pairwise: {seconds: 0.08, routes: destination}")
     topology = from_spec(json.loads((tmp_path / "fabric.yaml").read_text()))
     names = hosts(topology)
     safe = len(probe_rounds(len(names), [[t[h] for h in names] for t in probe_tiers(topology, names)]))

@@ -121,25 +121,21 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     very_slow = z >= Z_SLOW
     unexplained = np.ones(len(weight), bool)
 
-    peerless = {id(crossing): not has_peers(crossing, hops) for crossing, _ in classes}
+    bars = [z_class * (1.0 if has_peers(crossing, hops) else no_peers) for crossing, _ in classes]
 
-    def margins(left: np.ndarray, crossing: np.ndarray) -> tuple[float, float, float]:
+    def margins(left: np.ndarray, crossing: np.ndarray, bar: float) -> tuple[float, float, float]:
         pooled = float(weight[left].sum()) / np.sqrt(len(left))
         counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
-        bar = z_class * (no_peers if peerless[id(crossing)] else 1.0)
         return pooled / bar, counted / z_count, max(pooled, counted)
-
-    def margin(left: np.ndarray, crossing: np.ndarray) -> float:
-        return max(margins(left, crossing)[:2])
 
     named = []
     while True:
         best, best_key, best_probes, best_score, best_margin = None, (False, 0.0), None, 0.0, 0.0
-        for crossing, members in classes:
+        for (crossing, members), bar in zip(classes, bars):
             left = crossing[unexplained[crossing]]
             if len(left) < MIN_PROBES or float(shortfall[left].mean()) < min_effect:
                 continue
-            pooled, counted, score = margins(left, crossing)
+            pooled, counted, score = margins(left, crossing, bar)
             key = (pooled >= 1.0, pooled if pooled >= 1.0 else counted)  # pooled evidence first
             if max(pooled, counted) >= 1.0 and key > best_key:
                 best, best_key, best_probes, best_score, best_margin = members, key, left, score, max(pooled, counted)
@@ -148,10 +144,10 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         named.append((_suspect(topology, best, best_score, best_probes, shortfall), best_margin, best_probes))
         unexplained[best_probes] = False
     open_classes = []
-    for crossing, _ in classes:
+    for (crossing, _), bar in zip(classes, bars):
         left = crossing[unexplained[crossing]]
         if len(left) >= MIN_PROBES:
-            open_classes.append((left, margin(left, crossing)))
+            open_classes.append((left, max(margins(left, crossing, bar)[:2])))
     return Weighed(named, open_classes, hops)
 
 
@@ -227,12 +223,13 @@ def _classes(topology: nx.MultiGraph, probes: Probes,
     nics = {h: host_nic(topology, h) for h in probes.hosts}
     may: dict[Component, list[int]] = defaultdict(list)
     hops = np.zeros(len(probes.src), np.int64)
+    routed = _routed_switches(routing, probes) if routing is not None else None
     routes: dict[tuple[int, int], tuple[set[Component], int]] = {}  # a pair probed again: its paths once
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
         if (s, d) not in routes:
             crossed: set[Component] = set()
             ends = nics[probes.hosts[s]], nics[probes.hosts[d]]
-            for path in ([_routed_path(routing, probes.hosts[s], probes.hosts[d], ends)] if routing is not None
+            for path in ([[ends[0], *routed[p], ends[1]]] if routed is not None
                          else nx.all_shortest_paths(graph, *ends)):
                 crossed.update(zip(path, path[1:]))
                 crossed.update(n for n in path if n in switches)
@@ -246,10 +243,12 @@ def _classes(topology: nx.MultiGraph, probes: Probes,
     return [(np.asarray(crossing), members) for crossing, members in grouped.items()], hops
 
 
-def _routed_path(routing: Routing, a: str, b: str, nics: tuple[str, str]) -> list[str]:
-    """The nodes host ``a``'s probe to host ``b`` crosses under ``routing``, NIC to NIC."""
-    _, switches = routing.route(np.array([routing.hosts.index(a)]), np.array([routing.hosts.index(b)]))
-    return [nics[0], *(routing.switches[k] for k in switches[0] if k >= 0), nics[1]]
+def _routed_switches(routing: Routing, probes: Probes) -> list[list[str]]:
+    """Per probe, the switches ``routing`` takes it through, routed all at once."""
+    index = {h: i for i, h in enumerate(routing.hosts)}
+    ids = np.array([index[h] for h in probes.hosts], np.int64)
+    _, switches = routing.route(ids[probes.src], ids[probes.dst])
+    return [[routing.switches[k] for k in row if k >= 0] for row in switches.tolist()]
 
 
 def _suspect(topology: nx.MultiGraph, members: list[Component], score: float, crossing: np.ndarray,

@@ -104,8 +104,8 @@ def _mirrored(routing: Routing, members: np.ndarray) -> tuple[np.ndarray, np.nda
     the circle method's ``n - 1`` perfect matchings instead."""
     bases = routing.choices(0, len(routing.hosts) - 1)
     if not bases:
-        rounds = round_robin(len(members))
-        return np.sort(rounds.reshape(-1, 2), axis=1), np.repeat(np.arange(len(rounds)), rounds.shape[1])
+        pairs = _pairs(len(members))
+        return pairs, np.arange(len(pairs)) // (len(members) // 2)
     bases.append(-(-len(routing.hosts) // int(np.prod(bases, dtype=np.int64))))
     hosts = members.astype(np.int64)
     key, scale = np.zeros((len(members), len(members)), np.int64), 1
@@ -158,13 +158,14 @@ def disjoint_rounds(routing: Routing, members: np.ndarray | None = None,
     n = len(members)
     if n < 2 or (pairs is not None and not len(pairs)):
         return []
-    if pairs is not None:  # placed greedily, in the order given
-        pairs = np.sort(np.asarray(pairs, np.int64).reshape(-1, 2), axis=1)
-        held, n_ids = _resources(routing, members, pairs)
-        return _placed(pairs, np.where(held >= 0, held, n_ids), n_ids, n)
-    pairs, matching = _mirrored(routing, members)
+    if pairs is None:
+        pairs, matching = _mirrored(routing, members)
+    else:  # placed greedily, in the order given
+        pairs, matching = np.sort(np.asarray(pairs, np.int64).reshape(-1, 2), axis=1), None
     held, n_ids = _resources(routing, members, pairs)
     held = np.where(held >= 0, held, n_ids)  # the last id stands for the padding
+    if matching is None:
+        return _placed(pairs, held, n_ids, n)
     # a matching that holds no resource twice is a round as it is; the others' pairs are placed
     # greedily, in their matchings' order
     clash = _clashing(held, matching, n_ids)

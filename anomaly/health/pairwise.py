@@ -78,7 +78,6 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
     elements = max(1, int(megabytes * 2**20) // 4)
     cut: list[str] = []
 
-    routing = routing if topology is not None else None
     both_ways = routing is not None and dist.get_backend() == "gloo"
 
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
