@@ -58,6 +58,7 @@ class RunView:
     analysis: RunAnalysis
     extras: Extras = field(default_factory=Extras)
     missing: list[str] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)  # what a partial run lacks (Run.gaps)
     no_replay: str | None = None  # why there is no timeline, replay or what-if (None: there is)
     shapes: dict = field(default_factory=dict)  # each rank's input shapes, filled on the first click that asks
     _predictions: OrderedDict = field(default_factory=OrderedDict)
@@ -69,6 +70,7 @@ class RunView:
 
     def prepare(self) -> "RunView":
         """Compute what the pages show (a part that cannot be had is noted in :attr:`missing`)."""
+        self.gaps = self.analysis.run.gaps()
         if not self.analysis.has_traces:
             self.no_replay = ("traces: no rank wrote one (was the profiling window reached?), so there is no "
                               "timeline, replay, breakdown or what-if")

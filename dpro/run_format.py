@@ -238,6 +238,27 @@ class Run:
         df["dur_ns"] = df["end_ns"] - df["start_ns"]
         return df[["step", "start_ns", "end_ns", "dur_ns", "phase"]]
 
+    def gaps(self) -> list[str]:
+        """What this run lacks that a whole recording holds, one line each (empty when whole):
+        ranks of the job (``world_size`` in the ranks' metadata) that wrote nothing, ranks whose
+        ``meta.json`` is missing or unreadable, ranks without the trace the others wrote. Cheap:
+        no trace is decoded."""
+        ranks, metas, gaps = self.ranks, {}, []
+        for r in ranks:
+            try:
+                metas[r] = self.rank_meta(r)
+            except RunFormatError:
+                gaps.append(f"rank {r}'s {META_FILE} is unreadable")
+        gaps += [f"rank {r} wrote no {META_FILE}" for r in ranks if metas.get(r) == {}]
+        world = max((int(m.get("world_size") or 0) for m in metas.values() if isinstance(m, dict)), default=0)
+        absent = sorted(set(range(world)) - set(ranks))
+        if absent:
+            gaps.insert(0, f"{_rank_list(absent)} of the job's {world} wrote nothing")
+        traced = [r for r in ranks if self.trace_path(r) is not None]
+        if traced and len(traced) < len(ranks):
+            gaps.append(f"{_rank_list(sorted(set(ranks) - set(traced)))} wrote no trace ({_rank_list(traced)} did)")
+        return gaps
+
     def node_dirs(self) -> list[Path]:
         """The directory of every recording process (node), sorted."""
         d = self.root / "nodes"
@@ -276,6 +297,18 @@ class Run:
         if may_write(inside if inside.exists() else self.root):
             return inside
         return user_cache_dir() / "runs" / hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 1, 3``, ``ranks 0-5, 7`` (``ranks`` sorted)."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
 
 
 def is_run_dir(path: Path) -> bool:

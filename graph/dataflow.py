@@ -61,7 +61,9 @@ class DataflowGraph:
     to the earliest rank's step start), ``coll`` (collective name), ``bytes`` (of a send or a
     collective, NaN if unknown), ``events`` (profiler events a CPU node spans: itself and the
     calls nested in it; 0 elsewhere), ``resumed`` (a CPU op's piece after a ``wait_tensor`` it was
-    cut at: it waits for the collective that ended then). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``
+    cut at: it waits for the collective that ended then), ``unclosed`` (a collective's instance
+    that no other rank of the graph closed, a peer's trace missing: it keeps its recorded
+    time). ``edges``: ``src``, ``dst``, ``lag_ns``, ``kind``
     (``order``, ``launch``, ``sync``, ``enqueue``, ``wait``, ``arrive``, ``transfer``; ``call`` and
     ``return`` join a backward pass on autograd's device thread to the thread that called it).
     ``wraps``: ``src``, ``dst``, ``lag_ns``: from the last op of each thread or stream to its
@@ -84,6 +86,15 @@ class DataflowGraph:
     wraps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame({"src": pd.Series(dtype="int64"),
                                                                       "dst": pd.Series(dtype="int64"),
                                                                       "lag_ns": pd.Series(dtype="float64")}))
+
+    def unclosed(self) -> pd.DataFrame:
+        """The collectives no other rank closed (:attr:`nodes`' ``unclosed``), counted: ``rank``,
+        ``coll``, ``pg_name``, ``count``; empty where every one was matched."""
+        columns = ["rank", "coll", "pg_name"]
+        if "unclosed" not in self.nodes:
+            return pd.DataFrame(columns=[*columns, "count"])
+        open_ = self.nodes.loc[self.nodes["unclosed"].to_numpy(), columns].astype({"coll": str, "pg_name": str})
+        return open_.groupby(columns).size().rename("count").reset_index()
 
     def to_networkx(self) -> Any:
         """The graph as a ``networkx.DiGraph`` (node and edge attributes from the tables)."""
@@ -184,10 +195,13 @@ def build_graph(reductions: dict[int, RankReduction], offsets: dict[int, int] | 
         matched.append(Matched("send", int(nodes.at[send, "occurrence"]), {a: send, b: recv},
                                float(sizes.iloc[0]) if len(sizes) else float("nan"), group=str(nodes.at[send, "pg_name"]),
                                root=0 if a < b else 1))
+    closed = [i for m in matched for i in m.instances.values()]
+    nodes["unclosed"] = nodes.index.isin(instances.index) & ~nodes.index.isin(closed)
     nodes, edges, table = decompose(nodes, edges, matched)
     keep = ["rank", "kind", "resource", "name", "dur_ns", "offset_ns", "coll_name", "pg_name", "bytes", "events",
-            "hooks", "resumed"]
-    nodes = nodes.reindex(columns=keep).assign(resumed=lambda n: n["resumed"].eq(True))
+            "hooks", "resumed", "unclosed"]
+    nodes = nodes.reindex(columns=keep).assign(resumed=lambda n: n["resumed"].eq(True),
+                                               unclosed=lambda n: n["unclosed"].eq(True))
     return DataflowGraph(text_as_categories(nodes.rename(columns={"coll_name": "coll"})
                                          .reset_index(drop=True)),
                          text_as_categories(edges[EDGE_COLUMNS].reset_index(drop=True)),

@@ -27,6 +27,9 @@ def layout(view: RunView, views: list[RunView]) -> Any:
         slowest = max(medians, key=medians.get)
         parts.append(html.P([html.B("Slowest rank: "), f"{labels[slowest]}, median step {medians[slowest]:.2f} ms "
                              "(outside the profiling window)"], id="slowest-rank"))
+    if view.gaps:
+        parts.append(html.P([html.B("Partial run: "), "; ".join(view.gaps) + ". The pages show the ranks there are."],
+                            id="partial-run", style={"color": "#a94442", "background": "#f2dede", "padding": "6px"}))
     parts += [missing(m) for m in view.missing]
     if view.window["disturbed"]:
         parts.append(html.P([html.B("Disturbed profiling window: "), view.window["message"]], id="window-disturbed",

@@ -8,13 +8,14 @@ from typing import Any
 
 import click
 
-from dpro.cli.options import ms, table
+from dpro.cli.options import STRICT, ms, say_gaps, strict_option, table
 
 
 @click.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--rank", type=int, help="Rank of a trace that does not say which rank it is.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@strict_option
 def info(path: Path, rank: int | None, as_json: bool) -> None:
     """Summarize a run directory or a single Kineto trace (.json or .json.gz).
 
@@ -22,9 +23,12 @@ def info(path: Path, rank: int | None, as_json: bool) -> None:
     event counts.
     """
     from dpro.analysis.summary import summarize
+    from dpro.run_format import is_run_dir, open_run
 
     if not path.exists():
         raise click.ClickException(f"no such file or directory: {path}")
+    if is_run_dir(path):
+        say_gaps(open_run(path), strict=bool(click.get_current_context().meta.get(STRICT)))
     summary = summarize(path, rank=rank)
     if as_json:
         click.echo(json.dumps(summary, indent=1))

@@ -12,9 +12,13 @@ import click
 from dpro.errors import DproError
 
 
+STRICT = "dpro.strict"  # ctx.meta's key: --strict was given
+
+
 class RunDirectory(click.ParamType):
     """A run directory, opened (and checked) once: the command receives a
-    :class:`dpro.run_format.Run`."""
+    :class:`dpro.run_format.Run`. A partial run (:meth:`~dpro.run_format.Run.gaps`) is a warning
+    on stderr, or this parameter's error under ``--strict`` (:func:`strict_option`)."""
 
     name = "RUN"
 
@@ -24,16 +28,44 @@ class RunDirectory(click.ParamType):
         if isinstance(value, Run):
             return value
         try:
-            return open_run(value)
+            run = open_run(value)
         except DproError as e:
             self.fail(str(e), param, ctx)
+        say_gaps(run, strict=bool(ctx and ctx.meta.get(STRICT)))
+        return run
 
 
 RUN = RunDirectory()
 
 
+def strict_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--strict`` (or ``$DPRO_STRICT=1``): a partial run is an error, not a warning. Eager, so
+    that it is known when the run argument is opened."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            ctx.meta[STRICT] = True
+
+    return click.option("--strict", is_flag=True, is_eager=True, expose_value=False, callback=remember,
+                        envvar="DPRO_STRICT",
+                        help="Fail on a partial run (a rank of the job missing, or without its metadata "
+                             "or trace) instead of warning and analysing the ranks there are.")(fn)
+
+
+def say_gaps(run: Any, strict: bool) -> None:
+    """Warn on stderr that ``run`` is partial, naming what it lacks; a one-line error if ``strict``."""
+    gaps = run.gaps()
+    if not gaps:
+        return
+    text = f"partial run {run.root}: {'; '.join(gaps)}"
+    if strict:
+        raise DproError(f"{text} (--strict)")
+    click.echo(f"Warning: {text}; analysing the ranks there are (--strict to refuse)", err=True)
+
+
 def analysis_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``--scheduler`` and ``--workers``, for commands that analyse a run's traces."""
+    """``--scheduler``, ``--workers`` and ``--strict``, for commands that analyse a run's traces."""
+    fn = strict_option(fn)
     fn = click.option("--workers", type=click.IntRange(min=1),
                       help="Processes decoding traces at once (default: one per core).")(fn)
     return click.option("--scheduler", envvar="DPRO_SCHEDULER", metavar="ADDRESS",

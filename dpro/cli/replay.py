@@ -30,8 +30,11 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
 
     analysis = open_analysis(run, scheduler, workers, align=not no_align)
     graph, result = analysis.graph, analysis.replay()
+    unclosed = graph.unclosed()
     summary = {**comparison(graph, result, analysis.unprofiled_step_ns, analysis.profiled_step_ns),
-               "window": window_check(analysis)}
+               "window": window_check(analysis),
+               "unclosed_collectives": [{k: (int(v) if k in ("rank", "count") else v) for k, v in row.items()}
+                                        for row in unclosed.to_dict("records")]}
     if export:
         export_chrome_trace(graph, result, export)
     if as_json:
@@ -51,6 +54,10 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
                "profiler's cost per event taken out")
     if summary["window"]["disturbed"]:
         click.echo(f"warning: {summary['window']['message']}")
+    if len(unclosed):
+        click.echo(f"warning: {int(unclosed['count'].sum())} collective(s) not closed, no other rank of the run has "
+                   "them (kept at their recorded time): " + ", ".join(
+                       f"rank {r.rank} {r.coll} x{r.count} (group {r.pg_name})" for r in unclosed.itertuples()))
 
 
 @click.command("critical-path")

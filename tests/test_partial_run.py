@@ -1,0 +1,77 @@
+"""A partial run (a rank missing, or without its metadata or trace) is said by every command that
+reads runs and by the dashboard; ``--strict`` refuses it with a one-line error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpro.run_format import open_run
+from dpro.testing.browser import start_dashboard
+
+from .conftest import assert_one_line_error, dpro
+
+COMMANDS = [("info",), ("replay",), ("critical-path",), ("whatif", "--fuse-ops"), ("optimize",), ("diagnose",)]
+GAP = "rank 1 of the job's 2 wrote nothing"
+
+
+@pytest.fixture(scope="module")
+def partial_run(recorded_run: Path, tmp_path_factory) -> Path:
+    """The recorded 2-rank run with rank 1's files gone (its host lost them, say)."""
+    run = tmp_path_factory.mktemp("partial") / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    shutil.rmtree(run / "ranks" / "1")
+    return run
+
+
+def test_a_whole_run_has_no_gaps(recorded_run: Path) -> None:
+    assert open_run(recorded_run).gaps() == []
+
+
+def test_gaps_name_each_missing_part(recorded_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    (run / "ranks" / "1" / "trace.json.gz").unlink()
+    assert open_run(run).gaps() == ["rank 1 wrote no trace (rank 0 did)"]
+    (run / "ranks" / "1" / "meta.json").write_text("{not json")
+    assert open_run(run).gaps() == ["rank 1's meta.json is unreadable", "rank 1 wrote no trace (rank 0 did)"]
+    (run / "ranks" / "1" / "meta.json").unlink()
+    assert open_run(run).gaps() == ["rank 1 wrote no meta.json", "rank 1 wrote no trace (rank 0 did)"]
+    meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
+    (run / "ranks" / "0" / "meta.json").write_text(json.dumps({**meta, "world_size": 9}))
+    assert open_run(run).gaps()[0] == "ranks 2-8 of the job's 9 wrote nothing"
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_every_command_warns_of_a_partial_run_and_strict_refuses_it(partial_run: Path, command: tuple[str, ...]) -> None:
+    result = dpro(command[0], partial_run, *command[1:])
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: partial run")]
+    assert len(warnings) == 1 and GAP in warnings[0], result.stderr
+    assert_one_line_error(dpro(command[0], partial_run, *command[1:], "--strict"), GAP, "--strict")
+
+
+def test_the_replay_names_the_collectives_it_could_not_close(partial_run: Path, recorded_run: Path) -> None:
+    unclosed = json.loads(dpro("replay", partial_run, "--json").stdout)["unclosed_collectives"]
+    assert unclosed and {u["rank"] for u in unclosed} == {0} and "all_reduce" in {u["coll"] for u in unclosed}
+    assert "not closed" in dpro("replay", partial_run).stdout
+    assert json.loads(dpro("replay", recorded_run, "--json").stdout)["unclosed_collectives"] == []
+
+
+def test_the_dashboard_says_the_run_is_partial(browser, partial_run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert_one_line_error(dpro("dashboard", partial_run, "--strict"), GAP)
+    server, url = start_dashboard(str(partial_run))
+    try:
+        browser.get(url + "/")
+        WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.ID, "partial-run"))
+        assert GAP in browser.find_element(By.ID, "partial-run").text
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
