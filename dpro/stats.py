@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAD_SCALE", "robust_spread", "robust_z"]
+__all__ = ["MAD_SCALE", "job_mean", "robust_spread", "robust_z"]
 
 MAD_SCALE = 1.4826
 """``1 / Φ⁻¹(3/4)``: the MAD of a normal distribution times this is its standard deviation."""
@@ -36,3 +36,11 @@ def robust_z(values: np.ndarray, reference: np.ndarray | None = None, floor: flo
     reference = values if reference is None else np.asarray(reference, np.float64)
     middle = float(np.median(reference)) if centre is None else centre
     return (values - middle) / max(robust_spread(reference, middle), floor)
+
+
+def job_mean(per_rank: dict[int, float], ranks: list[int] | None = None) -> float:
+    """A job's figure from its ranks' (a step time): the mean over ``ranks`` (default: all) of
+    those with a value, NaN ones left out; NaN when none has one. The one rule by which every
+    command turns ranks' step times into the job's."""
+    present = [per_rank[r] for r in (per_rank if ranks is None else ranks) if per_rank[r] == per_rank[r]]
+    return float(np.mean(present)) if present else float("nan")

@@ -132,8 +132,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     budget_bytes = None if memory_budget_gb is None else memory_budget_gb * 1e9
     layout = analysis.ddp_layout
     parallelism = analysis.parallelism
-    baseline = [v for v in analysis.unprofiled_step_ns.values() if v == v]
-    if not baseline:
+    if analysis.baseline_step_ns != analysis.baseline_step_ns:
         raise DproError(f"{analysis.root} has no step outside the profiling window to optimize against "
                         "(record more steps than --skip + --warmup + --steps)")
     path = critical_path_breakdown(analysis)

@@ -14,11 +14,13 @@ from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.breakdown import breakdown, rank_critical_path
 from dpro.replayer.cost import fit_link_model
 from dpro.replayer.result import Replay
+from dpro.stats import job_mean
 
 
 def comparison(graph: DataflowGraph, result: Replay, measured_ns: dict[int, float],
                profiled_ns: dict[int, float]) -> dict[str, Any]:
-    """Predicted step time per rank and for the job (the mean over ranks) against the measured
+    """Predicted step time per rank and for the job (:func:`dpro.stats.job_mean` over the ranks
+    that have a measured step) against the measured
     one, ``measured_ns``: the median of the steps outside the profiling window, the steps users
     run; beside it the profiled window's median (``profiled_ns``) and its slow-down. Each rank's
     critical-path breakdown; the collectives (algorithm, size, transfer and waiting); the link
@@ -34,9 +36,9 @@ def comparison(graph: DataflowGraph, result: Replay, measured_ns: dict[int, floa
                  "error_pct": error(result.step_ns[r], measured_ns[r]), "profiled_step_ms": ms(profiled_ns[r]),
                  "profiler_slowdown": None if measured_ns[r] != measured_ns[r] else profiled_ns[r] / measured_ns[r]}
                 for r in ranks]
-    measured = float(np.mean([measured_ns[r] for r in ranks]))
-    predicted = float(np.mean([result.step_ns[r] for r in ranks]))
-    profiled = float(np.mean([profiled_ns[r] for r in ranks]))
+    timed = [r for r in ranks if measured_ns[r] == measured_ns[r]] or ranks  # the job's figures over the same ranks
+    measured, predicted = job_mean(measured_ns, timed), job_mean(result.step_ns, timed)
+    profiled = job_mean(profiled_ns, timed)
     return {"measured_step_ms": ms(measured), "predicted_step_ms": predicted / 1e6,
             "error_pct": error(predicted, measured), "profiled_step_ms": ms(profiled),
             "profiler_slowdown": None if measured != measured else profiled / measured, "steps": graph.steps,

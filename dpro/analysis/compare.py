@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 
 from dpro.replayer.breakdown import mean_breakdown
 
@@ -40,8 +39,7 @@ def compare(a: RunAnalysis, b: RunAnalysis) -> dict[str, Any]:
 
 
 def _step_ms(analysis: RunAnalysis) -> float:
-    medians = [v for v in analysis.unprofiled_step_ns.values() if v == v]
-    return float(np.mean(medians)) / 1e6 if medians else float("nan")
+    return analysis.baseline_step_ns / 1e6
 
 
 def _count(analysis: RunAnalysis) -> int:

@@ -47,6 +47,7 @@ from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.result import Replay
 from dpro.run_format import Run, open_run
+from dpro.stats import job_mean
 
 __all__ = ["RunAnalysis", "STALLED"]
 
@@ -135,6 +136,13 @@ class RunAnalysis:
         """Each rank's median step time over :attr:`unprofiled_steps`; NaN where none."""
         medians = self.unprofiled_steps.groupby("rank")["dur_ns"].median()
         return {r: float(medians.get(r, float("nan"))) for r in self.ranks}
+
+    @cached_property
+    def baseline_step_ns(self) -> float:
+        """The job's step time as users see it, the one baseline every command compares with:
+        :attr:`unprofiled_step_ns` over the ranks (:func:`dpro.stats.job_mean`: ranks without
+        such steps left out; NaN when no rank has one)."""
+        return job_mean(self.unprofiled_step_ns)
 
     @cached_property
     def profiled_step_ns(self) -> dict[int, float]:

@@ -76,6 +76,7 @@ import pandas as pd
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
 from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.stats import job_mean
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
@@ -228,13 +229,15 @@ class Prediction:
             factor = details["pipeline"]["changed_ms"] / details["pipeline"]["modelled_ms"]
             changed = {r: ns * factor for r, ns in changed.items()}
         baseline = analysis.unprofiled_step_ns
-        per_rank = []
-        for r in sorted(changed):
-            anchored = baseline[r] * changed[r] / replayed[r] if baseline[r] == baseline[r] else changed[r]
-            per_rank.append({"rank": r, "baseline_step_ms": _ms(baseline[r]), "replayed_step_ms": replayed[r] / 1e6,
-                             "predicted_step_ms": anchored / 1e6, "unanchored_step_ms": changed[r] / 1e6})
-        job = {k: _mean(p[k] for p in per_rank) for k in ("baseline_step_ms", "replayed_step_ms",
-                                                        "predicted_step_ms", "unanchored_step_ms")}
+        ranks = sorted(changed)
+        timed = [r for r in ranks if baseline[r] == baseline[r]] or ranks  # the job's figures over the same ranks
+        anchored = {r: baseline[r] * changed[r] / replayed[r] if baseline[r] == baseline[r] else changed[r]
+                    for r in ranks}
+        per_rank = [{"rank": r, "baseline_step_ms": _ms(baseline[r]), "replayed_step_ms": replayed[r] / 1e6,
+                     "predicted_step_ms": anchored[r] / 1e6, "unanchored_step_ms": changed[r] / 1e6} for r in ranks]
+        job = {k: _ms(job_mean(v, timed)) for k, v in (("baseline_step_ms", baseline), ("replayed_step_ms", replayed),
+                                                        ("predicted_step_ms", anchored),
+                                                        ("unanchored_step_ms", changed))}
         if "pipeline" in details:  # the step the other extreme of the passes' fixed part would give
             pipeline = details["pipeline"]
             job["predicted_range_ms"] = [job["predicted_step_ms"] * b / pipeline["changed_ms"]
@@ -456,11 +459,6 @@ def _interference(analysis: RunAnalysis) -> Interference | None:
 
 def _ms(ns: float) -> float | None:
     return None if ns != ns else ns / 1e6
-
-
-def _mean(values: Any) -> float | None:
-    present = [v for v in values if v is not None]
-    return float(np.mean(present)) if present else None
 
 
 DATA_PARALLEL_CHANGES = {"bucket_cap_mb": "--bucket-cap-mb", "first_bucket_mb": "--first-bucket-mb",
