@@ -2,7 +2,7 @@
 
     python -m benchmarks            # all cases (several minutes)
     python -m benchmarks --quick    # fewer repetitions and cases
-    python -m benchmarks --json results.json
+    python -m benchmarks --json results.json   # the rows with their date, commit and machine
     python -m benchmarks fidelity   # one benchmark (as --only fidelity)
 """
 
@@ -13,6 +13,7 @@ import importlib
 import json
 import sys
 
+from benchmarks.provenance import provenance
 from dpro.cli.options import table
 
 BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"provenance": provenance(), "rows": rows}, f, indent=1)
     return 0
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import sys
 
-__version__ = "0.1.0"
+try:  # written by setuptools-scm from the git tags when dpro is built or installed
+    from dpro._version import __version__
+except ImportError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def step() -> None:

@@ -1,8 +1,8 @@
 """The import-linter contracts in pyproject.toml hold, and they catch an import that breaks them.
 
 ``lint-imports`` finds modules by walking one package folder, but dpro's subpackages live in
-top-level folders mapped by ``[tool.setuptools] package-dir``; the test lays out that mapping
-as a tree of links to the source files (the view an installed package has) and checks it.
+top-level folders mapped by ``[tool.setuptools] package-dir``; the test checks the view an
+installed package has (:func:`tools.source_view.installed_view`).
 """
 
 from __future__ import annotations
@@ -10,25 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+from tools.source_view import installed_view
 
 from .conftest import ROOT
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-
-
-def installed_view(into: Path) -> Path:
-    """``into/dpro/...``: every source file of the package, linked where an install puts it."""
-    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in sorted(mapping.items()):
-        target = into.joinpath(*package.split("."))
-        for source in (ROOT / folder).rglob("*.py"):
-            link = target / source.relative_to(ROOT / folder)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if not link.exists():
-                link.symlink_to(source)
-    return into
 
 
 def lint(view: Path) -> subprocess.CompletedProcess:

@@ -1,0 +1,50 @@
+"""The package as users get it: a wheel built from this tree installs into a fresh virtual
+environment (its dependencies from the index, by the wheel's own metadata) and runs there,
+with its package data (the recording bootstrap, the health history's migrations, the
+optimizer's intervals) and a version from the git tags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+
+def run(*args: str | Path, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_in_a_fresh_environment_and_runs_the_demo(tmp_path: Path) -> None:
+    built = run(sys.executable, "-m", "build", "--wheel", "-o", tmp_path / "dist", ROOT, cwd=tmp_path)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheel, = (tmp_path / "dist").glob("*.whl")
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert wheel.name.startswith(name.replace("-", "_") + "-")
+    venv = tmp_path / "venv"
+    assert run(sys.executable, "-m", "venv", venv, cwd=tmp_path).returncode == 0
+    torch = "torch==" + run(sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])",
+                            cwd=tmp_path).stdout.strip()  # this environment's build, from the same index
+    installed = run(venv / "bin" / "pip", "install", "-q", torch, wheel, cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    version = run(venv / "bin" / "dpro", "--version", cwd=tmp_path)
+    described = run("git", "describe", "--tags", "--abbrev=0", cwd=ROOT).stdout.strip().lstrip("v")
+    assert version.returncode == 0 and described and described.rsplit(".", 1)[0] in version.stdout, version
+    where = run(venv / "bin" / "python", "-c", "import dpro, dpro.graph; print(dpro.__file__, dpro.graph.__file__)",
+                cwd=tmp_path).stdout
+    assert all(str(venv) in path for path in where.split()), where  # the wheel's code, not this tree's
+    demo = run(venv / "bin" / "dpro", "demo", "-o", tmp_path / "demo", "--train-steps", "14", "--skip", "3",
+               "--warmup", "1", "--steps", "2", cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    info = json.loads(run(venv / "bin" / "dpro", "info", tmp_path / "demo", "--json", cwd=tmp_path).stdout)
+    assert [r["steps"] for r in info["per_rank"]] == [14, 14] and all(r["events"] for r in info["per_rank"])
+    history = run(venv / "bin" / "dpro", "health", "history", "--db", f"sqlite:///{tmp_path / 'h.db'}", cwd=tmp_path)
+    assert history.returncode == 0, history.stderr  # the migrations are in the wheel

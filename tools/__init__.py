@@ -1,0 +1,1 @@
+"""Tools for the repository itself (docs build, source views), never installed."""
