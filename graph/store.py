@@ -8,7 +8,7 @@ key file and its tables::
     <entry>.<table>.parquet   one file per table
 
 An entry is read back only when its key equals the one asked for: the store's
-:data:`FORMAT_VERSION`, the version of the code that builds it (:func:`code_version`), the
+:data:`FORMAT_VERSION`, the code that builds it (:func:`dpro.code_hash.code_hash`), the
 options, and the size and modification time of every input (:func:`file_stamps`). The key
 file is removed first and written last, so an entry whose writing was cut short is rebuilt.
 A :class:`~dpro.graph.dataflow.DataflowGraph` is stored by :func:`save_graph` as the entry
@@ -20,7 +20,6 @@ A :class:`~dpro.graph.dataflow.DataflowGraph` is stored by :func:`save_graph` as
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -30,24 +29,12 @@ import pandas as pd
 from dpro.graph.dataflow import DataflowGraph, text_as_categories
 from dpro.run_format import write_atomically
 
-__all__ = ["FORMAT_VERSION", "code_version", "file_stamps", "load", "load_graph", "save", "save_graph"]
+__all__ = ["FORMAT_VERSION", "file_stamps", "load", "load_graph", "save", "save_graph"]
 
 FORMAT_VERSION = 1
 """Version of the stored layout; an entry written by another version is rebuilt."""
 _GRAPH = "graph"
 _LIST_COLUMNS = ("ranks", "wait_ns", "sends", "done")  # of the collectives table
-
-
-def code_version(*modules: Any) -> str:
-    """A hash of the source files of the given packages or modules (any change rebuilds)."""
-    digest = hashlib.sha1()
-    for module in modules:
-        path = Path(module.__file__)
-        files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
-        for file in files:
-            digest.update(str(file.relative_to(path.parent)).encode())
-            digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def file_stamps(root: Path, files: list[Path]) -> list[list[Any]]:

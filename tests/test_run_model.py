@@ -19,6 +19,8 @@ import dpro.graph.kineto as kineto
 import dpro.replayer.simulate as simulate
 from dpro.analysis import RunAnalysis
 from dpro.cli import main
+from dpro.code_hash import feeding_modules
+from tools.source_view import installed_view
 
 from .conftest import dpro
 
@@ -82,10 +84,37 @@ def test_a_changed_input_or_option_rebuilds(fresh_run: Path) -> None:
 
 def test_another_code_version_rebuilds(fresh_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     RunAnalysis.open(fresh_run).graph
-    monkeypatch.setattr(run_model.store, "code_version", lambda *modules: "another version")
+    monkeypatch.setattr(run_model, "code_hash", lambda *modules: "another version")
     analysis = RunAnalysis.open(fresh_run)
     analysis.graph
     assert analysis.built
+
+
+def test_an_edit_to_any_module_that_feeds_the_analysis_rebuilds_it(fresh_run: Path, tmp_path: Path) -> None:
+    """The stored analysis's code key is every module the run model imports, found from the
+    imports: an edit to ``dpro/analysis/fanout.py`` (never listed by hand) rebuilds it, an edit
+    to the dashboard does not. The edits are made in a copy of the source, run in its place."""
+    view = installed_view(tmp_path / "source")
+    assert "dpro.analysis.fanout" in feeding_modules("dpro.analysis.run")
+
+    def replay_key() -> str:
+        env = {**os.environ, "PYTHONPATH": str(view)}
+        result = subprocess.run([sys.executable, "-m", "dpro", "replay", str(fresh_run), "--json"], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return json.loads((fresh_run / "derived" / "analysis-aligned" / "graph.json").read_text())["key"]["code"]
+
+    def edit(module: str) -> None:
+        link = view / module
+        text = link.read_text()
+        link.unlink()
+        link.write_text(text + "\n# an edit\n")
+
+    first = replay_key()
+    edit("dpro/dashboard/app.py")
+    assert replay_key() == first, "the dashboard does not feed the analysis"
+    edit("dpro/analysis/fanout.py")
+    assert replay_key() != first, "fanout.py feeds the graph: its edit rebuilds the analysis"
 
 
 def test_a_read_only_run_keeps_its_analysis_in_the_users_cache(fresh_run: Path, tmp_path: Path,

@@ -38,7 +38,7 @@ MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpr
 
 def model_version(root: Path = ROOT) -> str:
     """A hash of the model's source: every ``.py`` file under :data:`MODEL_SOURCES` in ``root``
-    (by path, not by import as :func:`dpro.graph.store.code_version` does, so that a copy of the
+    (by path, not by import as :func:`dpro.code_hash.code_hash` does, so that a copy of the
     tree can be checked)."""
     import hashlib
 

@@ -16,7 +16,8 @@ Opening it reads only the manifest; each part is computed on first use and kept:
 The global stage's results and the replay are stored as versioned Parquet in the run's
 ``derived/`` folder (or the user's cache when the run is read-only; see
 :mod:`dpro.graph.store`), keyed by the formats and the code that built them, the options and
-every input file's size and modification time: a second command on an unchanged run decodes
+every input file's size and modification time (the code: every module this one imports,
+found from the imports, :func:`dpro.code_hash.code_hash`): a second command on an unchanged run decodes
 no trace and builds no graph. The traces' own caches go there too (``derived/traces/``).
 
     >>> analysis = RunAnalysis.open("run1")                    # doctest: +SKIP
@@ -34,10 +35,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-import dpro.graph
-import dpro.replayer
-import dpro.run_format
 from dpro.analysis.fanout import map_ranks
+from dpro.code_hash import code_hash
 from dpro.graph import store
 from dpro.graph.collectives import nccl_log_algorithms
 from dpro.graph.dataflow import DataflowGraph, GraphError, build_graph, common_steps
@@ -255,7 +254,7 @@ class RunAnalysis:
 
     @cached_property
     def _key(self) -> dict[str, Any]:
-        return {"code": store.code_version(dpro.graph, dpro.run_format), "align": self.align,
+        return {"code": code_hash("dpro.analysis.run"), "align": self.align,
                 "inputs": store.file_stamps(self.root, self.run.analysis_inputs())}
 
     @cached_property
@@ -311,7 +310,7 @@ class RunAnalysis:
     @cached_property
     def _replay(self) -> Replay:
         graph = self.graph
-        key = {**self._key, "replayer": store.code_version(dpro.replayer)}
+        key = self._key  # the code key covers the replayer: this module imports it
         if self.cache:
             found = store.load(self._folder, "replay", key)
             if found is not None:

@@ -32,7 +32,8 @@ traces). ``start_ns`` is always epoch nanoseconds.
 ``$XDG_CACHE_HOME/dpro/traces/<sha1 of the trace's absolute path>/`` (default ``~/.cache``);
 failing both, nothing is cached. A folder whose permission bits deny writing counts as not
 writable even for root, so a read-only data folder is never written to. A later load reads the
-cache when the trace's size and mtime, the ``rank`` argument and :data:`LOADER_VERSION` match.
+cache when the trace's size and mtime, the ``rank`` argument and the loader's code (this
+package and every dpro module it imports, :func:`dpro.code_hash.code_hash`) match.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ import os
 from pathlib import Path
 
 from dpro.graph.kineto.cache import default_folders, read_cache, write_cache
-from dpro.graph.kineto.schema import LOADER_VERSION, TraceFormatError, TraceTables
+from dpro.code_hash import code_hash
+from dpro.graph.kineto.schema import TraceFormatError, TraceTables
 from dpro.graph.kineto.tables import parse
 
-__all__ = ["LOADER_VERSION", "TraceFormatError", "TraceTables", "load_trace"]
+__all__ = ["TraceFormatError", "TraceTables", "load_trace"]
 
 
 def load_trace(path: str | os.PathLike, rank: int | None = None, cache: bool = True,
@@ -63,7 +65,7 @@ def load_trace(path: str | os.PathLike, rank: int | None = None, cache: bool = T
         raise TraceFormatError(f"trace file not found: {path}") from None
     except OSError as e:
         raise TraceFormatError(f"cannot read {path}: {e.strerror}") from None
-    key = {"loader_version": LOADER_VERSION, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "rank": rank}
+    key = {"code": code_hash("dpro.graph.kineto"), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "rank": rank}
     folders = [Path(cache_dir)] if cache_dir is not None else default_folders(path)
     if cache:
         cached = read_cache(path, key, folders)

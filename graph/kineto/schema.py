@@ -10,8 +10,6 @@ import pandas as pd
 from dpro.errors import DproError
 
 
-LOADER_VERSION = 1
-"""Version of the tables' layout; a cache written by another version is ignored."""
 
 
 class TraceFormatError(DproError, ValueError):
