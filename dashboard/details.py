@@ -2,16 +2,13 @@
 every profiled step, and its place on the critical path; and a window as a Chrome trace.
 
 Shapes come from the step ``dpro record`` profiles with ``record_shapes`` after the window
-(``trace-shapes.json.gz``): the k-th op of a name on a thread there has the shapes of the k-th
-op of that name on that thread in every step. Only that file's op names, threads and input
-dims are decoded, once per rank, on the first click that asks.
+(:meth:`dpro.analysis.run.RunAnalysis.input_shapes`): the k-th op of a name on a thread there
+has the shapes of the k-th op of that name on that thread in every step; decoded once per rank,
+on the first click that asks.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,56 +16,19 @@ import numpy as np
 import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
-from dpro.run_format import SHAPES_TRACE_FILE
 
 from dpro.dashboard.timeline import KINDS, Lanes, visible_ops
 
-__all__ = ["chrome_trace", "op_details", "shapes_of"]
+__all__ = ["chrome_trace", "op_details"]
 
 EXPORT_LIMIT = 500_000  # ops in one exported window (a Chrome trace of this many is ~60 MB)
 
 
-class _Args(msgspec.Struct):
-    dims: Any = msgspec.field(name="Input Dims", default=None)
-
-
-class _Op(msgspec.Struct):
-    ph: str = ""
-    name: str = ""
-    tid: int | str = -1
-    ts: float = 0.0
-    args: _Args | None = None
-
-
-class _ShapesTrace(msgspec.Struct):
-    traceEvents: list[_Op] = []
-
-
-def shapes_of(path: Path) -> dict[tuple[int, str, int], str]:
-    """``(thread, name, k) -> input dims`` of the ops of a trace recorded with shapes."""
-    opened = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    with opened as f:
-        ops = msgspec.json.decode(f.read(), type=_ShapesTrace).traceEvents
-    seen: dict[tuple[int, str], int] = {}
-    out = {}
-    for op in sorted((o for o in ops if o.ph == "X" and o.args is not None and o.args.dims is not None),
-                     key=lambda o: o.ts):
-        try:
-            key = (int(op.tid), op.name)
-        except ValueError:
-            continue
-        k = seen.get(key, 0)
-        seen[key] = k + 1
-        out[(*key, k)] = json.dumps(op.args.dims)
-    return out
-
-
-def op_details(analysis: RunAnalysis, lanes: Lanes, op: int, occurrence: np.ndarray, critical: pd.DataFrame,
-               shapes: dict[int, dict[tuple[int, str, int], str] | None]) -> dict[str, Any]:
+def op_details(analysis: RunAnalysis, lanes: Lanes, op: int, occurrence: np.ndarray,
+               critical: pd.DataFrame) -> dict[str, Any]:
     """What the timeline shows of op ``op`` (a row of ``lanes``): ``occurrence`` from
     :func:`~dpro.dashboard.overlays.occurrences`, ``critical`` from
-    :func:`~dpro.dashboard.overlays.critical_ops`, ``shapes``: each rank's :func:`shapes_of`
-    (filled on first use; None where the run has no shapes step)."""
+    :func:`~dpro.dashboard.overlays.critical_ops`."""
     lane, rank, name = int(lanes.lane[op]), int(lanes.rank[op]), lanes.name[op]
     k = int(occurrence[op])
     same = np.arange(lanes.ptr[lane], lanes.ptr[lane + 1])
@@ -83,7 +43,7 @@ def op_details(analysis: RunAnalysis, lanes: Lanes, op: int, occurrence: np.ndar
                                 for i in same],
                "critical_path": None if on_path.empty else {"position": int(on_path["position"].iloc[0]),
                                                             "length": int(on_path["length"].iloc[0])},
-               "shapes": _shapes(analysis, lanes, op, k, shapes)}
+               "shapes": _shapes(analysis, lanes, op, k)}
     if isinstance(event["coll_name"], str):
         details["collective"] = {key: _plain(event[key]) for key in ("coll_name", "pg_name", "in_nelems", "out_nelems",
                                                                     "dtype", "group_size")}
@@ -108,13 +68,9 @@ def chrome_trace(lanes: Lanes, t0: float, t1: float, shown: np.ndarray | None = 
     return msgspec.json.encode({"traceEvents": events, "displayTimeUnit": "ms"})
 
 
-def _shapes(analysis: RunAnalysis, lanes: Lanes, op: int, k: int,
-            shapes: dict[int, dict[tuple[int, str, int], str] | None]) -> str | None:
+def _shapes(analysis: RunAnalysis, lanes: Lanes, op: int, k: int) -> str | None:
     rank, lane = int(lanes.rank[op]), int(lanes.lane[op])
-    if rank not in shapes:
-        path = analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE
-        shapes[rank] = shapes_of(path) if path.is_file() else None
-    table = shapes[rank]
+    table = analysis.input_shapes(rank)
     if table is None or lanes.lane_gpu[lane]:
         return None
     return table.get((int(lanes.lane_thread[lane]), str(lanes.names[lanes.name[op]]), k))

@@ -60,7 +60,6 @@ class RunView:
     missing: list[str] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)  # what a partial run lacks (Run.gaps)
     no_replay: str | None = None  # why there is no timeline, replay or what-if (None: there is)
-    shapes: dict = field(default_factory=dict)  # each rank's input shapes, filled on the first click that asks
     _predictions: OrderedDict = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

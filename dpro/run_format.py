@@ -207,6 +207,13 @@ class Run:
     def errors_path(self, rank: int) -> Path:
         return self.rank_dir(rank) / ERRORS_FILE
 
+    def error_count(self, rank: int) -> int:
+        """How many failures of dpro's hooks the rank logged (``errors.log``: one timestamped line each)."""
+        path = self.errors_path(rank)
+        if not path.exists():
+            return 0
+        return sum(1 for line in path.read_text(errors="replace").splitlines() if line[:4].isdigit())
+
     def clock_offset_ns(self, rank: int) -> int:
         """The rank's recorded clock offset against rank 0 (0 where it was not measured)."""
         path = self.rank_dir(rank) / CLOCK_FILE
@@ -268,7 +275,7 @@ class Run:
         """The ``node.json`` of every recording process."""
         return [read_json(d / NODE_FILE) for d in self.node_dirs()]
 
-    def node_files(self, *names: str) -> list[tuple[str, list[Path]]]:
+    def _node_files(self, *names: str) -> list[tuple[str, list[Path]]]:
         """For each node holding every file of ``names``: its host and those files' paths."""
         out = []
         for d, node in zip(self.node_dirs(), self.nodes()):
@@ -276,6 +283,38 @@ class Run:
             if all(p.is_file() and p.stat().st_size for p in paths):
                 out.append((str(node.get("host", d.name)), paths))
         return out
+
+    def gpu_samples(self) -> list[tuple[str, pd.DataFrame]]:
+        """Each node's GPU samples (NVML, ``gpu-samples.csv``) with its host; nodes without any left out."""
+        return self._node_samples(GPU_SAMPLES_FILE)
+
+    def connection_samples(self) -> list[tuple[str, pd.DataFrame]]:
+        """Each node's samples of the job's TCP connections (``ss``, ``connections.csv``) with its
+        host; nodes without any left out."""
+        return self._node_samples(CONNECTIONS_FILE)
+
+    def _node_samples(self, name: str) -> list[tuple[str, pd.DataFrame]]:
+        import pandas as pd
+
+        out = []
+        for host, (path,) in self._node_files(name):
+            try:
+                frame = pd.read_csv(path)
+            except (ValueError, pd.errors.ParserError) as e:
+                raise RunFormatError(f"cannot read {path}: {e}") from None
+            if len(frame):
+                out.append((host, frame))
+        return out
+
+    def counter_snapshots(self) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """Each node's host counter snapshots taken at the job's start and end, with its host."""
+        return [(host, read_json(start), read_json(end))
+                for host, (start, end) in self._node_files(COUNTERS_START_FILE, COUNTERS_END_FILE)]
+
+    def shapes_trace_path(self, rank: int) -> Path | None:
+        """The rank's trace of one step with the ops' input shapes, when it was written."""
+        path = self.rank_dir(rank) / SHAPES_TRACE_FILE
+        return path if path.exists() else None
 
     def nccl_logs(self) -> list[Path]:
         """The NCCL log files the job wrote."""

@@ -20,7 +20,7 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
 def lint(view: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(view)}
+    env = {**os.environ, "PYTHONPATH": f"{view}{os.pathsep}{ROOT}"}  # ROOT: the contract type tools.contracts
     return subprocess.run([LINT_IMPORTS, "--config", ROOT / "pyproject.toml"], cwd=view, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -29,6 +29,15 @@ def test_the_layers_hold(tmp_path: Path) -> None:
     result = lint(installed_view(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+
+
+def test_a_module_below_the_cli_that_names_a_run_file_breaks_them(tmp_path: Path) -> None:
+    view = installed_view(tmp_path)
+    (view / "dpro" / "anomaly" / "peek.py").write_text("from dpro.run_format import Run, STEPS_FILE, read_json\n")
+    result = lint(view)
+    assert result.returncode != 0, result.stdout
+    assert "dpro.anomaly.peek imports STEPS_FILE" in result.stdout and "dpro.anomaly.peek imports read_json" in result.stdout
+    assert "imports Run " not in result.stdout
 
 
 def test_an_upward_import_breaks_them(tmp_path: Path) -> None:

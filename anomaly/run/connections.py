@@ -25,7 +25,7 @@ from ipaddress import ip_address
 import numpy as np
 import pandas as pd
 
-from dpro.run_format import CONNECTIONS_FILE, Run
+from dpro.run_format import Run
 
 from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix
 from dpro.anomaly.suspects import Suspect
@@ -52,12 +52,7 @@ def connection_rates(run: Run) -> pd.DataFrame:
     ``busy_ms``, ``limited_ms`` (of it, held back by the receiver's window or the send buffer),
     ``intervals`` (bulk ones), ``rate_bps`` (their median rate), ``rtt_ms`` (median), ``retrans``
     (during the job)."""
-    frames = []
-    for host, (path,) in run.node_files(CONNECTIONS_FILE):
-        samples = pd.read_csv(path)
-        if samples.empty:
-            continue
-        frames.append(_per_connection(samples).assign(host=host))
+    frames = [_per_connection(samples).assign(host=host) for host, samples in run.connection_samples()]
     columns = ["host", "local_ip", "peer_ip", "bytes", "busy_ms", "limited_ms", "intervals", "rate_bps", "rtt_ms",
                "retrans"]
     if not frames:

@@ -25,7 +25,7 @@ import pandas as pd
 from dpro.anomaly.suspects import Suspect
 from dpro.collectors.counters import Snapshot, diff
 from dpro.collectors.counters.catalog import FAULT_COUNTERS
-from dpro.run_format import COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, Run, read_json
+from dpro.run_format import Run
 
 __all__ = ["SLOWDOWN_REASONS", "counter_faults", "gpu_samples", "throttled_gpus"]
 
@@ -40,9 +40,9 @@ an idle GPU, application clocks and the software power cap are not faults)."""
 def counter_faults(run: Run) -> list[Suspect]:
     """A suspect per device (NIC, interface, GPU) whose fault counters went up during the job."""
     out = []
-    for host, (start, end) in run.node_files(COUNTERS_START_FILE, COUNTERS_END_FILE):
+    for host, start, end in run.counter_snapshots():
         moved: dict[tuple[str, str], dict[str, int]] = {}
-        for rate in diff(Snapshot.from_dict(read_json(start)), Snapshot.from_dict(read_json(end))).rates:
+        for rate in diff(Snapshot.from_dict(start), Snapshot.from_dict(end)).rates:
             if rate.canonical in FAULT_COUNTERS and rate.delta:
                 moved.setdefault((rate.source, rate.device), {})[rate.canonical] = int(rate.delta)
         for (source, device), counts in moved.items():
@@ -54,11 +54,7 @@ def counter_faults(run: Run) -> list[Suspect]:
 
 def gpu_samples(run: Run) -> pd.DataFrame:
     """Every node's GPU samples (``gpu-samples.csv``) with a ``host`` column; empty when none."""
-    frames = []
-    for host, (path,) in run.node_files(GPU_SAMPLES_FILE):
-        frame = pd.read_csv(path)
-        if len(frame):
-            frames.append(frame.assign(host=host))
+    frames = [frame.assign(host=host) for host, frame in run.gpu_samples()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -70,7 +70,7 @@ def register(app: Any, views: list[RunView]) -> None:
         if op < 0:
             return html.P("Several ops merged at this zoom: zoom in to see each of them.")
         view = views[run]
-        return _details_view(op_details(view.analysis, view.lanes, op, view.occurrence, view.critical, view.shapes))
+        return _details_view(op_details(view.analysis, view.lanes, op, view.occurrence, view.critical))
 
     @app.callback(Output("perfetto-download", "data"), Output("timeline-status", "children", allow_duplicate=True),
                   Input("perfetto", "n_clicks"), State("timeline-window", "data"), State("timeline-ranks", "value"),

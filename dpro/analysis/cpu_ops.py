@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Callable, TypeVar
 
 import numpy as np
@@ -26,15 +25,13 @@ T = TypeVar("T")
 
 def once_per_rank(measure: Callable[[RunAnalysis, int], T]) -> Callable[[RunAnalysis, int], T]:
     """``measure(analysis, rank)`` computed once per run and rank (it depends on the run's traces
-    only, and a search asks for it at every prediction); forgotten with the run."""
-    known: "weakref.WeakKeyDictionary[RunAnalysis, dict[int, T]]" = weakref.WeakKeyDictionary()
+    only, and a search asks for it at every prediction), kept by the run model
+    (:meth:`~dpro.analysis.run.RunAnalysis.kept`)."""
+    name = f"{measure.__module__}.{measure.__qualname__}"
 
     @functools.wraps(measure)
     def measured(analysis: RunAnalysis, rank: int) -> T:
-        ranks = known.setdefault(analysis, {})
-        if rank not in ranks:
-            ranks[rank] = measure(analysis, rank)
-        return ranks[rank]
+        return analysis.kept(name, rank, lambda: measure(analysis, rank))
 
     return measured
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dpro.graph.kineto import TraceFormatError
-from dpro.graph.kineto.memory import MemoryTrace
-from dpro.run_format import BACKWARD_EVENT_PREFIX, SHAPES_TRACE_FILE
+from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.stages import BACKWARD_RANGE, PIPELINE_STARTS
@@ -82,12 +80,8 @@ def _step_memory(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | No
     the model (a GPU where the trace has one: the CPU's allocations of a GPU job are its data
     pipeline's), that device, and for a pipeline stage what it held at its first backward pass
     over what it held at its schedule's start (None where either is not in the trace)."""
-    path = analysis.run.rank_dir(rank) / SHAPES_TRACE_FILE
-    if not path.exists():
-        return None, None, None
-    try:
-        trace = MemoryTrace(path)
-    except TraceFormatError:
+    trace = analysis.memory_trace(rank)
+    if trace is None:
         return None, None, None
     peaks = trace.peaks()
     if not peaks:

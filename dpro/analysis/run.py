@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,9 @@ from dpro.graph import store
 from dpro.graph.collectives import nccl_log_algorithms
 from dpro.graph.dataflow import DataflowGraph, GraphError, build_graph, common_steps
 from dpro.analysis.parallelism import Parallelism
-from dpro.graph.kineto import TraceTables, load_trace
+from dpro.graph.kineto import TraceFormatError, TraceTables, load_trace
+from dpro.graph.kineto.memory import MemoryTrace
+from dpro.graph.kineto.shapes import input_shapes
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.result import Replay
@@ -50,6 +53,7 @@ from dpro.stats import job_mean
 
 __all__ = ["RunAnalysis", "STALLED"]
 
+T = TypeVar("T")
 STALLED = 1.5  # a profiled step this many times the window's median step is left out of the typical step
 
 
@@ -72,6 +76,9 @@ class RunAnalysis:
         self.progress = progress
         self.cache = cache
         self.built = False  # whether this object decoded traces and built the graph (not read it from the cache)
+        self._shapes: dict[int, dict[tuple[int, str, int], str] | None] = {}
+        self._memory: dict[int, MemoryTrace | None] = {}
+        self._kept: dict[str, dict[int, Any]] = {}
 
     @classmethod
     def open(cls, path: str | os.PathLike, **options: Any) -> RunAnalysis:
@@ -187,6 +194,36 @@ class RunAnalysis:
         return [int(b["bytes"]) for b in layout["buckets"]] if layout and "buckets" in layout else []
 
     # --- traces and the per-rank stage -----------------------------------------------------------
+
+    def kept(self, name: str, rank: int, compute: Callable[[], T]) -> T:
+        """``compute()``'s result for ``rank`` under ``name``, computed on the first call and kept
+        with this run model (for the analyses' measurements of the traces)."""
+        known = self._kept.setdefault(name, {})
+        if rank not in known:
+            known[rank] = compute()
+        return known[rank]
+
+    def input_shapes(self, rank: int) -> dict[tuple[int, str, int], str] | None:
+        """The rank's ops' input shapes from its shapes step (:func:`dpro.graph.kineto.shapes.input_shapes`),
+        decoded once; None where the rank has no readable shapes step."""
+        if rank not in self._shapes:
+            path = self.run.shapes_trace_path(rank)
+            try:
+                self._shapes[rank] = input_shapes(path) if path is not None else None
+            except TraceFormatError:
+                self._shapes[rank] = None
+        return self._shapes[rank]
+
+    def memory_trace(self, rank: int) -> MemoryTrace | None:
+        """The allocator's events of the rank's shapes step (:class:`dpro.graph.kineto.memory.MemoryTrace`),
+        decoded once; None where the rank has no readable shapes step."""
+        if rank not in self._memory:
+            path = self.run.shapes_trace_path(rank)
+            try:
+                self._memory[rank] = MemoryTrace(path) if path is not None else None
+            except TraceFormatError:
+                self._memory[rank] = None
+        return self._memory[rank]
 
     @cached_property
     def derived_dir(self) -> Path:

@@ -53,7 +53,7 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
             "profiled_steps": timed.loc[timed["phase"] == "profiled", "step"].tolist(),
             "trace": str(trace.relative_to(run.root)) if trace else None,
             "events": None if events is None else len(events),
-            "errors": _count_errors(run.errors_path(rank)),
+            "errors": run.error_count(rank),
         })
     medians = {r["rank"]: r["step_ms"]["median"] for r in per_rank if r["step_ms"]["median"] is not None}
     hosts = sorted({r["host"] for r in per_rank if r["host"]} | {n.get("host") for n in run.nodes()} - {None})
@@ -104,9 +104,3 @@ def summarize(path: str | os.PathLike, rank: int | None = None) -> dict[str, Any
     if p.is_dir() or is_run_dir(p):
         return summarize_run(RunAnalysis.open(p))
     return summarize_trace(p, rank=rank)
-
-
-def _count_errors(path: Path) -> int:
-    if not path.exists():
-        return 0
-    return sum(1 for line in path.read_text(errors="replace").splitlines() if line[:4].isdigit())
