@@ -162,10 +162,10 @@ def _fusion_rows(by_name: dict[str, Case]) -> list[dict]:
 def _fusion_groups(small: RunAnalysis, large: RunAnalysis) -> list[list[int]]:
     """The small run's buckets (by order of reduction) grouped as the large run's buckets hold
     their parameters."""
-    home = {p["name"]: b["index"] for b in large.metas[0]["ddp"][0]["buckets"] for p in b["params"]}
+    home = {p.name: b.index for b in large.ddp_layout.buckets for p in b.params}
     groups: dict[int, list[int]] = {}
-    for k, bucket in enumerate(small.metas[0]["ddp"][0]["buckets"]):
-        groups.setdefault(home[bucket["params"][-1]["name"]], []).append(k)
+    for k, bucket in enumerate(small.ddp_layout.buckets):
+        groups.setdefault(home[bucket.params[-1].name], []).append(k)
     return [g for _, g in sorted(groups.items())]
 
 

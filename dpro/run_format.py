@@ -168,6 +168,79 @@ def create_manifest(root: Path, manifest: dict[str, Any]) -> bool:
         tmp.unlink(missing_ok=True)
 
 
+# --- typed records ---------------------------------------------------------------------------
+
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+"""``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket cap unless
+``bucket_cap_mb`` is given (torch 2.13), and what runs recorded before ``first_bucket_bytes_cap``
+was (format 1.0) are read with."""
+
+
+@dataclass(frozen=True)
+class DdpParam:
+    """A parameter in a DDP bucket: its name, shape and elements."""
+
+    name: str
+    numel: int
+    shape: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DdpBucket:
+    """One of DDP's gradient buckets, in reduction order."""
+
+    index: int
+    numel: int
+    nbytes: int
+    dtype: str
+    params: tuple[DdpParam, ...]
+
+
+@dataclass(frozen=True)
+class DdpLayout:
+    """A DistributedDataParallel module as ``meta.json``'s ``ddp`` entry records it: its caps,
+    flags, communication hook and buckets (empty where they were not recorded). Read with
+    :meth:`from_meta`, the one place that knows the entry's older forms."""
+
+    module: str
+    bucket_cap_bytes: int
+    first_bucket_bytes_cap: int
+    buckets: tuple[DdpBucket, ...] = ()
+    comm_hook: str | None = None
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+
+    @classmethod
+    def from_meta(cls, entry: dict[str, Any]) -> DdpLayout:
+        """The layout of one ``ddp`` entry; an entry without ``first_bucket_bytes_cap`` (format
+        1.0) has DDP's default first cap."""
+        buckets = tuple(
+            DdpBucket(int(b.get("index", i)), int(b.get("numel", 0)), int(b.get("bytes", 0)), str(b.get("dtype") or "float32"),
+                      tuple(DdpParam(str(p["name"]), int(p.get("numel", 0)), tuple(int(d) for d in p.get("shape") or ()))
+                            for p in b.get("params") or ()))
+            for i, b in enumerate(entry.get("buckets") or ()))
+        return cls(module=str(entry.get("module") or ""), bucket_cap_bytes=int(entry["bucket_cap_bytes"]),
+                   first_bucket_bytes_cap=int(entry.get("first_bucket_bytes_cap") or DDP_FIRST_BUCKET_BYTES),
+                   buckets=buckets, comm_hook=entry.get("comm_hook") or None,
+                   gradient_as_bucket_view=bool(entry.get("gradient_as_bucket_view")),
+                   static_graph=bool(entry.get("static_graph")),
+                   find_unused_parameters=bool(entry.get("find_unused_parameters")))
+
+    @property
+    def bucket_cap_mb(self) -> float:
+        return self.bucket_cap_bytes / 2**20
+
+    @property
+    def first_bucket_mb(self) -> float:
+        return self.first_bucket_bytes_cap / 2**20
+
+    @property
+    def bucket_bytes(self) -> list[int]:
+        """Bytes of each bucket, in reduction order."""
+        return [b.nbytes for b in self.buckets]
+
+
 # --- reading -----------------------------------------------------------------------------------
 
 
@@ -193,6 +266,10 @@ class Run:
         """The rank's ``meta.json``, or ``{}`` when the rank wrote none."""
         path = self.rank_dir(rank) / META_FILE
         return read_json(path) if path.exists() else {}
+
+    def ddp_layouts(self, rank: int) -> list[DdpLayout]:
+        """The rank's DistributedDataParallel modules (``meta.json``'s ``ddp``), typed."""
+        return [DdpLayout.from_meta(entry) for entry in self.rank_meta(rank).get("ddp") or []]
 
     def trace_path(self, rank: int) -> Path | None:
         """The rank's Kineto trace, when it was written."""

@@ -51,6 +51,7 @@ from dpro.analysis.fsdp import parse_mesh
 from dpro.analysis.tensor_parallel import parameter_ratio, parse_tp_mesh
 from dpro.analysis.memory import RankMemory
 from dpro.analysis.parallelism import Parallelism
+from dpro.run_format import DdpLayout
 from dpro.replayer.pipeline import in_flight, schedule_name
 
 from dpro.optimizer.passes.checkpointing import job_block_lists
@@ -61,13 +62,13 @@ FLOAT_BYTES = 4
 
 
 def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory],
-                          layout: dict[str, Any] | None, parallelism: Parallelism | None = None) -> int | None:
+                          layout: DdpLayout | None, parallelism: Parallelism | None = None) -> int | None:
     """The most any rank needs under ``settings``, bytes; None where memory was not measured.
     ``parallelism``: the job's FSDP units and pipeline, if any."""
     if not memory:
         return None
     blocks = job_block_lists(layout, parallelism.fsdp if parallelism else []) or {}
-    return max(_rank_bytes(settings, m, layout or {}, blocks) + _reshard_bytes(settings, parallelism)
+    return max(_rank_bytes(settings, m, layout, blocks) + _reshard_bytes(settings, parallelism)
                + _prefetch_bytes(settings, parallelism) + _merge_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) + _mesh_bytes(settings, m, parallelism)
                + _tp_bytes(settings, m, parallelism, rank)
@@ -154,7 +155,7 @@ def _gathered_bytes(parallelism: Parallelism, root: bool) -> list[int]:
                    if u.get("parameters") and (root or not u.get("root"))), reverse=True)
 
 
-def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any],
+def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: DdpLayout | None,
                 block_lists: dict[str, tuple[int, int]]) -> int:
     added = m.added_bytes or 0
     blocks = settings.get("activation_checkpointing")
@@ -167,16 +168,16 @@ def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: dict[str, Any],
     total = m.held_bytes + added
     if settings.get("gradient_as_bucket_view") and not m.gradient_as_bucket_view:
         total -= m.buckets_bytes
-    buckets = [int(b["bytes"]) for b in layout.get("buckets", [])]
+    buckets = layout.bucket_bytes if layout else []
     hook = settings.get("comm_hook")
     if hook in ("fp16", "bf16") and buckets:
         total += max(buckets) // 2
     elif hook == "powersgd":
         total += m.buckets_bytes
         rank = int(settings["powersgd_rank"])
-        for bucket in layout.get("buckets", []):
-            for p in bucket["params"]:
-                shape = p["shape"]
+        for bucket in layout.buckets if layout else ():
+            for p in bucket.params:
+                shape = p.shape
                 if len(shape) > 1:
                     rows, columns = shape[0], math.prod(shape[1:])
                     total += (rows + columns) * min(rank, rows, columns) * FLOAT_BYTES

@@ -184,7 +184,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
             else:
                 prediction = clock.timed(lambda: predicted(strategy))
                 why = None if prediction is None else fails_the_job(analysis, strategy.settings, len(
-                    prediction.summary.get("buckets_bytes") or (layout or {}).get("buckets", ())))
+                    prediction.summary.get("buckets_bytes") or (layout.buckets if layout else ())))
                 if why:
                     failing[why] = failing.get(why, 0) + 1
                 cache[state] = None if prediction is None or why else Evaluated(strategy, prediction, needs)

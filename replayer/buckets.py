@@ -24,12 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from dpro.run_format import DDP_FIRST_BUCKET_BYTES as FIRST_BUCKET_BYTES, DdpLayout
 
 __all__ = ["FIRST_BUCKET_BYTES", "Param", "first_bucket_bytes", "ready_order", "rebuilt_buckets"]
-
-FIRST_BUCKET_BYTES = 1024 * 1024
-"""``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: the first bucket's cap."""
 
 
 @dataclass(frozen=True)
@@ -74,21 +72,19 @@ def rebuilt_buckets(ready: Sequence[Param], bucket_cap_bytes: int,
     return _assign(ready, [first_bucket_bytes, bucket_cap_bytes])
 
 
-def first_bucket_bytes(layout: dict[str, Any], bucket_cap_bytes: int) -> int:
+def first_bucket_bytes(layout: DdpLayout, bucket_cap_bytes: int) -> int:
     """The first bucket's cap DDP would use with ``bucket_cap_bytes``, judged by how the recorded
-    layout (``meta.json``'s ``ddp`` entry) relates its own first cap to its own cap: equal (an
-    explicit ``bucket_cap_mb``), the new cap; else the recorded first cap."""
-    recorded_first = int(layout.get("first_bucket_bytes_cap") or FIRST_BUCKET_BYTES)
-    return bucket_cap_bytes if recorded_first == int(layout["bucket_cap_bytes"]) else recorded_first
+    layout relates its own first cap to its own cap: equal (an explicit ``bucket_cap_mb``), the
+    new cap; else the recorded first cap."""
+    recorded_first = layout.first_bucket_bytes_cap
+    return bucket_cap_bytes if recorded_first == layout.bucket_cap_bytes else recorded_first
 
 
-def ready_order(layout: dict[str, Any]) -> list[Param]:
-    """The parameters of a recorded DDP layout (``meta.json``'s ``ddp`` entry) in the order
-    their gradients became ready: its buckets' parameters, bucket after bucket."""
+def ready_order(layout: DdpLayout) -> list[Param]:
+    """The parameters of a recorded DDP layout in the order their gradients became ready: its
+    buckets' parameters, bucket after bucket."""
     params = []
-    for bucket in layout["buckets"]:
-        itemsize = bucket["bytes"] // max(bucket["numel"], 1)
-        params += [Param(p["name"], int(p["numel"]), int(itemsize), bucket.get("dtype", "float32"),
-                         shape=tuple(int(d) for d in p.get("shape") or ()))
-                   for p in bucket["params"]]
+    for bucket in layout.buckets:
+        itemsize = bucket.nbytes // max(bucket.numel, 1)
+        params += [Param(p.name, p.numel, int(itemsize), bucket.dtype, shape=p.shape) for p in bucket.params]
     return params

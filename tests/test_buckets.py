@@ -11,6 +11,7 @@ from itertools import product
 import pytest
 
 from dpro.replayer.buckets import FIRST_BUCKET_BYTES, Param, first_bucket_bytes, ready_order, rebuilt_buckets
+from dpro.run_format import DdpLayout
 
 from .conftest import JOBS
 
@@ -41,7 +42,7 @@ def test_buckets_rebuilt_from_one_cap_are_those_ddp_built_at_another(real_layout
         assert len({json.dumps(names(e["layout"]["buckets"])) for e in runs}) >= 3, "the caps give different layouts"
         for source, target in product(runs, runs):
             layout = target["layout"]
-            emulated = rebuilt_buckets(ready_order(source["layout"]), layout["bucket_cap_bytes"],
+            emulated = rebuilt_buckets(ready_order(DdpLayout.from_meta(source["layout"])), layout["bucket_cap_bytes"],
                                        layout["first_bucket_bytes_cap"])
             assert names(emulated) == names(layout["buckets"]), (arch, source["cap_mb"], target["cap_mb"])
             assert [sum(p.nbytes for p in b) for b in emulated] == [b["bytes"] for b in layout["buckets"]]
@@ -53,8 +54,10 @@ def test_the_first_bucket_cap_follows_ddps_rule(real_layouts: list[dict]) -> Non
     assert default["first_bucket_bytes_cap"] == FIRST_BUCKET_BYTES
     for layout in explicit:  # torch 2.13: an explicit bucket_cap_mb caps the first bucket too
         assert layout["first_bucket_bytes_cap"] == layout["bucket_cap_bytes"]
-        assert first_bucket_bytes(explicit[0], layout["bucket_cap_bytes"]) == layout["bucket_cap_bytes"]
-    assert first_bucket_bytes(default, 5 * 2**20) == FIRST_BUCKET_BYTES
+        assert first_bucket_bytes(DdpLayout.from_meta(explicit[0]), layout["bucket_cap_bytes"]) == layout["bucket_cap_bytes"]
+    assert first_bucket_bytes(DdpLayout.from_meta(default), 5 * 2**20) == FIRST_BUCKET_BYTES
+    older = {k: v for k, v in default.items() if k != "first_bucket_bytes_cap"}  # format 1.0 recorded no first cap
+    assert DdpLayout.from_meta(older).first_bucket_bytes_cap == FIRST_BUCKET_BYTES
 
 
 @pytest.mark.parametrize(("seed", "mixed"), [(s, m) for s in range(3) for m in (False, True)])

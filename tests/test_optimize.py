@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
 from dpro.optimizer.search import Tricks, search
 from dpro.optimizer.strategy import Strategy, StrategyError, read_strategy
-from dpro.run_format import open_run
+from dpro.run_format import DdpLayout, open_run
 
 from .conftest import DATA, EXAMPLE, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
 
@@ -115,7 +116,7 @@ class RecordedLayout:
     """What the tensor fusion pass reads of a run (its DDP layout, bucket sizes), for a layout
     no test job has: 60 MB of gradients under DDP's default 25 MB cap."""
 
-    ddp_layout = {"bucket_cap_bytes": 25 * 2 ** 20, "buckets": [{}, {}, {}]}
+    ddp_layout = DdpLayout.from_meta({"bucket_cap_bytes": 25 * 2 ** 20, "buckets": [{}, {}, {}]})
 
     def bucket_bytes(self) -> list[int]:
         return [25 * 2 ** 20, 25 * 2 ** 20, 10 * 2 ** 20]
@@ -128,10 +129,10 @@ def test_tensor_fusion_leaves_the_recorded_cap_out() -> None:
 
 def test_first_bucket_proposes_first_caps_below_the_jobs_cap(analysis: RunAnalysis) -> None:
     explicit = RecordedLayout()  # bucket_cap_mb given: DDP caps the first bucket at the cap too
-    explicit.ddp_layout = {**RecordedLayout.ddp_layout, "first_bucket_bytes_cap": 25 * 2 ** 20}
+    explicit.ddp_layout = replace(RecordedLayout.ddp_layout, first_bucket_bytes_cap=25 * 2 ** 20)
     assert [s["first_bucket_mb"] for s in first_bucket(explicit).settings] == [0.25, 1, 5]
     default = RecordedLayout()
-    default.ddp_layout = {**RecordedLayout.ddp_layout, "first_bucket_bytes_cap": 2 ** 20}
+    default.ddp_layout = replace(RecordedLayout.ddp_layout, first_bucket_bytes_cap=2 ** 20)
     assert [s["first_bucket_mb"] for s in first_bucket(default).settings] == [0.25, 5], "the recorded first cap left out"
     none = first_bucket(analysis)  # 0.05 MB buckets: no first cap of the ladder is below
     assert not none.settings and "no first cap below the bucket cap (0.05 MB)" in none.why
@@ -147,7 +148,7 @@ def test_the_memory_pass_proposes_gradients_as_bucket_views_unless_the_job_has_t
     assert memory(analysis).settings == [{"gradient_as_bucket_view": True}]
 
     class Viewing:
-        ddp_layout = {**analysis.ddp_layout, "gradient_as_bucket_view": True}
+        ddp_layout = replace(analysis.ddp_layout, gradient_as_bucket_view=True)
 
     found = memory(Viewing())
     assert not found.settings and "views into DDP's buckets already" in found.why
@@ -289,7 +290,7 @@ def test_a_smaller_first_bucket_is_built_as_ddp_builds_it_and_reduced_earlier(tm
                 *TORCHRUN, "--nproc-per-node=2", EXAMPLE, "--steps", "6", *SMALL_LM)
     assert done.returncode == 0, done.stderr
     analysis = RunAnalysis(open_run(whole))
-    assert len(analysis.ddp_layout["buckets"]) == 1
+    assert len(analysis.ddp_layout.buckets) == 1
     predicted = CostModel(analysis).predict(Change(first_bucket_mb=0.05))
     assert predicted.summary["reissued"] == 1, "the first bucket's all-reduce now starts at its own last gradient"
     both = predict(analysis, Change(first_bucket_mb=0.05, recompute_forward=True))
@@ -303,7 +304,7 @@ def test_a_smaller_first_bucket_is_built_as_ddp_builds_it_and_reduced_earlier(tm
     recorded, changed = analysis.graph.collectives, predicted.graph.collectives
     copies = sorted(set(changed["occurrence"]) - set(recorded["occurrence"]))
     assert len(copies) == 1, "the recorded bucket's all-reduce split in two"
-    total = analysis.ddp_layout["buckets"][0]["bytes"]
+    total = analysis.ddp_layout.buckets[0].nbytes
     bucket = int(recorded.query("coll == 'all_reduce' and bytes == @total")["occurrence"].iloc[0])
     first, second = _issuer_start(predicted.graph, copies[0]), _issuer_start(predicted.graph, bucket)
     assert second == _issuer_start(analysis.graph, bucket), "the last bucket is issued where it was"
@@ -357,7 +358,7 @@ def test_powersgd_on_gloo_with_several_buckets_is_neither_applied_nor_proposed(t
     result = search(analysis, budget_s=120, tricks=EVERY_PASS)  # the recorded job: 0.05 MB buckets, gloo
     for e in result.evaluated:
         if e.strategy.settings.get("comm_hook") == "powersgd":
-            assert len(e.prediction.get("buckets_bytes") or analysis.ddp_layout["buckets"]) == 1, e.strategy.name
+            assert len(e.prediction.get("buckets_bytes") or analysis.ddp_layout.buckets) == 1, e.strategy.name
     assert any("PowerSGD hook on gloo with more than one bucket" in n for n in result.notes), result.notes
 
 
@@ -530,9 +531,10 @@ class Layers:
     """A DDP layout of a model with two parallel lists of eight blocks (a CNN's convolutions
     and their norms) and a list nested inside each block."""
 
-    ddp_layout = {"buckets": [{"bytes": 4 * 8240, "params": [{"name": f"convs.{i}.weight", "numel": 1000} for i in range(8)]
-                               + [{"name": f"norms.{i}.weight", "numel": 10} for i in range(8)]
-                               + [{"name": f"convs.{i}.inner.{j}.bias", "numel": 1} for i in range(8) for j in range(20)]}]}
+    ddp_layout = DdpLayout.from_meta({"bucket_cap_bytes": 25 * 2 ** 20, "buckets": [
+        {"bytes": 4 * 8240, "params": [{"name": f"convs.{i}.weight", "numel": 1000} for i in range(8)]
+         + [{"name": f"norms.{i}.weight", "numel": 10} for i in range(8)]
+         + [{"name": f"convs.{i}.inner.{j}.bias", "numel": 1} for i in range(8) for j in range(20)]}]})
 
 
 def test_checkpointing_takes_the_longest_outermost_list_of_blocks(analysis: RunAnalysis) -> None:
@@ -550,7 +552,7 @@ def test_the_memory_estimate_of_each_setting() -> None:
     assert strategy_memory_bytes({}, memory, Layers.ddp_layout) == 1300
     assert strategy_memory_bytes({"gradient_as_bucket_view": True}, memory, Layers.ddp_layout) == 1200
     assert strategy_memory_bytes({"activation_checkpointing": "convs"}, memory, Layers.ddp_layout) == 1300 - 600
-    assert strategy_memory_bytes({"comm_hook": "powersgd", "powersgd_rank": 1}, memory, {}) == 1400
+    assert strategy_memory_bytes({"comm_hook": "powersgd", "powersgd_rank": 1}, memory, None) == 1400
     assert strategy_memory_bytes({"comm_hook": "fp16"}, memory, Layers.ddp_layout) == 1300 + 2 * 8240
     assert strategy_memory_bytes({"gradient_accumulation": 4}, memory, Layers.ddp_layout) == 1300 - 600
     assert strategy_memory_bytes({"gradient_accumulation": 2, "activation_checkpointing": "convs"}, memory,

@@ -39,8 +39,8 @@ def layout(view: RunView, views: list[RunView]) -> Any:
 
 
 def _controls(view: RunView) -> Any:
-    layout = view.analysis.ddp_layout or {}
-    recorded_cap = layout.get("bucket_cap_mb")
+    layout = view.analysis.ddp_layout
+    recorded_cap = layout.bucket_cap_mb if layout else None
     return html.Div([
         html.Div([html.Label("DDP bucket cap (MB) "),
                   dcc.Dropdown(id="whatif-bucket", options=[{"label": f"{c:g}", "value": c} for c in BUCKET_CAPS_MB],

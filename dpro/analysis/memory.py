@@ -59,12 +59,12 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
         held = meta.get("memory")
         if not isinstance(held, dict) or "parameters_bytes" not in held:
             continue
-        ddp = [d for d in meta.get("ddp") or [] if "buckets" in d]
+        ddp = [d for d in analysis.run.ddp_layouts(rank) if d.buckets]
         added, device, activations = _step_memory(analysis, rank)
         found[rank] = RankMemory(
             int(held["parameters_bytes"]), int(held["gradients_bytes"]),
-            sum(int(b["bytes"]) for d in ddp for b in d["buckets"]),
-            bool(ddp) and all(d.get("gradient_as_bucket_view") for d in ddp),
+            sum(sum(d.bucket_bytes) for d in ddp),
+            bool(ddp) and all(d.gradient_as_bucket_view for d in ddp),
             int(held.get("optimizer_state_bytes") or 0), added, device, activations)
     return found
 

@@ -48,7 +48,7 @@ from dpro.graph.kineto.shapes import input_shapes
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.result import Replay
-from dpro.run_format import Run, open_run
+from dpro.run_format import DdpLayout, Run, open_run
 from dpro.stats import job_mean
 
 __all__ = ["RunAnalysis", "STALLED"]
@@ -180,18 +180,17 @@ class RunAnalysis:
         """Whether every rank wrote a trace (what the graph needs)."""
         return bool(self.ranks) and all(self.run.trace_path(r) is not None for r in self.ranks)
 
-    @property
-    def ddp_layout(self) -> dict[str, Any] | None:
-        """The job's first DistributedDataParallel module as the lowest rank recorded it (its
-        ``meta.json`` ``ddp``: bucket cap, hook, buckets); None when the job used no DDP."""
-        ddp = (self.metas[min(self.ranks)].get("ddp") or []) if self.ranks else []
-        return ddp[0] if ddp else None
+    @cached_property
+    def ddp_layout(self) -> DdpLayout | None:
+        """The job's first DistributedDataParallel module as the lowest rank recorded it (caps,
+        flags, hook, buckets); None when the job used no DDP."""
+        layouts = self.run.ddp_layouts(min(self.ranks)) if self.ranks else []
+        return layouts[0] if layouts else None
 
     def bucket_bytes(self) -> list[int]:
         """Bytes of each DDP gradient bucket, in the order they are all-reduced (from the lowest
         rank's metadata; empty when the job used no DDP or it was not recorded)."""
-        layout = self.ddp_layout
-        return [int(b["bytes"]) for b in layout["buckets"]] if layout and "buckets" in layout else []
+        return self.ddp_layout.bucket_bytes if self.ddp_layout else []
 
     # --- traces and the per-rank stage -----------------------------------------------------------
 

@@ -75,7 +75,7 @@ import pandas as pd
 
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
-from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.run_format import BACKWARD_EVENT_PREFIX, DdpLayout
 from dpro.stats import job_mean
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
@@ -492,9 +492,9 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
                         "--microbatches and --schedule apply to it")
 
 
-def _layout(analysis: RunAnalysis) -> dict[str, Any]:
+def _layout(analysis: RunAnalysis) -> DdpLayout:
     layout = analysis.ddp_layout
-    if not layout or "buckets" not in layout:
+    if not layout or not layout.buckets:
         raise DproError(f"{analysis.root} holds no DDP bucket layout (the job used no DistributedDataParallel)")
     return layout
 
@@ -512,25 +512,25 @@ def _ddp_buckets(analysis: RunAnalysis, graph: Any) -> list[tuple[int, int]]:
     raise DproError("the graph's all-reduces do not match the recorded DDP buckets")
 
 
-def _buckets(layout: dict[str, Any], cap_mb: float | None, first_mb: float | None = None) -> list[list[Param]]:
+def _buckets(layout: DdpLayout, cap_mb: float | None, first_mb: float | None = None) -> list[list[Param]]:
     """The parameters of every bucket, in all-reduce order: as recorded, or as DDP builds them
     for a cap of ``cap_mb`` (else the recorded cap) and a first bucket of ``first_mb`` (else
     what DDP's first cap is with that cap)."""
     ready = ready_order(layout)
     if cap_mb is None and first_mb is None:
-        ends = np.cumsum([len(b["params"]) for b in layout["buckets"]])
+        ends = np.cumsum([len(b.params) for b in layout.buckets])
         return [ready[start:end] for start, end in zip(np.r_[0, ends[:-1]], ends)]
-    cap = int(layout["bucket_cap_bytes"]) if cap_mb is None else int(cap_mb * 2 ** 20)
+    cap = layout.bucket_cap_bytes if cap_mb is None else int(cap_mb * 2 ** 20)
     first = first_bucket_bytes(layout, cap) if first_mb is None else int(first_mb * 2 ** 20)
     return rebuilt_buckets(ready, cap, first)
 
 
-def _rebucket(w: WhatIf, graph: DataflowGraph, layout: dict[str, Any], ddp: list[tuple[int, int]],
+def _rebucket(w: WhatIf, graph: DataflowGraph, layout: DdpLayout, ddp: list[tuple[int, int]],
               new: list[list[Param]]) -> tuple[list[tuple[int, int]], int | str]:
     """Apply the ``new`` buckets in place of the recorded ones (``ddp``, in the graph): for each
     new bucket, the all-reduce that now carries it and its bytes; and how many all-reduces are
     now issued earlier (or why none could be)."""
-    old_of = {p["name"]: i for i, b in enumerate(layout["buckets"]) for p in b["params"]}
+    old_of = {p.name: i for i, b in enumerate(layout.buckets) for p in b.params}
     position = {p.name: k for k, p in enumerate(ready_order(layout))}
     ends_in: dict[int, list[Param]] = {}
     for bucket in new:
@@ -547,7 +547,7 @@ def _rebucket(w: WhatIf, graph: DataflowGraph, layout: dict[str, Any], ddp: list
     reissued: int | str = 0 if isinstance(ready_ops, dict) else ready_ops
     out = []
     for occurrence, i, parts in survivors:
-        recorded_last = position[layout["buckets"][i]["params"][-1]["name"]]
+        recorded_last = position[layout.buckets[i].params[-1].name]
         sizes = [sum(p.nbytes for p in bucket) for bucket in parts]
         if not isinstance(ready_ops, dict):  # no op to issue the earlier parts: one after the other, with the last
             w.set_collective_bytes("all_reduce", occurrence, float(sum(sizes)), parts=len(parts))

@@ -21,6 +21,6 @@ MICRO_BATCHES = (2, 4)
 def gradient_accumulation(analysis: RunAnalysis) -> Proposals:
     """:data:`MICRO_BATCHES` micro-batches a step, for a job that all-reduces with DDP."""
     layout = analysis.ddp_layout
-    if not layout or "buckets" not in layout:
+    if not layout or not layout.buckets:
         return Proposals(why="the job used no DistributedDataParallel (its no_sync is what accumulation needs)")
     return Proposals([{"gradient_accumulation": k} for k in MICRO_BATCHES])

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from dpro.analysis.run import RunAnalysis
+from dpro.run_format import DdpLayout
 
 from dpro.optimizer.passes.base import Proposals
 
@@ -23,7 +24,7 @@ INDEXED = re.compile(r"(?:^|\.)\d+(?:\.|$)")  # a name inside a list's block: it
 def checkpointing(analysis: RunAnalysis) -> Proposals:
     """Checkpointing of the longest list of at least two blocks."""
     layout = analysis.ddp_layout
-    lists = job_block_lists(layout, [] if layout and "buckets" in layout else analysis.parallelism.fsdp)
+    lists = job_block_lists(layout, [] if layout and layout.buckets else analysis.parallelism.fsdp)
     if lists is None:
         return Proposals(why="the job used no DistributedDataParallel or FSDP2 (its parameters' names were not "
                              "recorded)")
@@ -33,29 +34,29 @@ def checkpointing(analysis: RunAnalysis) -> Proposals:
     return Proposals([{"activation_checkpointing": longest}])
 
 
-def block_lists(layout: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def block_lists(layout: DdpLayout) -> dict[str, tuple[int, int]]:
     """The outermost lists of blocks in the DDP module's parameter names (lists inside a block of
     another are left out; a model that is itself a list is not found), each with its number of
     blocks (its highest index + 1) and of parameters:
     ``{"blocks": (12, 85_000_000)}`` for ``blocks.0.attn.weight`` ... ``blocks.11.mlp.bias``."""
     indices: dict[str, set[int]] = {}
     numel: dict[str, int] = {}
-    for bucket in layout.get("buckets", []):
-        for param in bucket["params"]:
-            name = str(param["name"])
+    for bucket in layout.buckets:
+        for param in bucket.params:
+            name = param.name
             match = re.search(r"\.(\d+)\.", name)
             if match and not INDEXED.search(name[:match.start()]):
                 prefix = name[:match.start()]
                 indices.setdefault(prefix, set()).add(int(match.group(1)))
-                numel[prefix] = numel.get(prefix, 0) + int(param.get("numel", 0))
+                numel[prefix] = numel.get(prefix, 0) + param.numel
     # blocks without parameters of their own (an activation between two layers) count too
     return {prefix: (max(found) + 1, numel[prefix]) for prefix, found in indices.items()}
 
 
-def job_block_lists(layout: dict[str, Any] | None, units: list[dict[str, Any]]) -> dict[str, tuple[int, int]] | None:
+def job_block_lists(layout: DdpLayout | None, units: list[dict[str, Any]]) -> dict[str, tuple[int, int]] | None:
     """The job's lists of blocks: from its DDP layout (:func:`block_lists`), else from its FSDP2
     units (:func:`unit_block_lists`); None where it recorded neither."""
-    if layout and "buckets" in layout:
+    if layout and layout.buckets:
         return block_lists(layout)
     return unit_block_lists(units) if units else None
 

@@ -31,8 +31,8 @@ def compression(analysis: RunAnalysis) -> Proposals:
     layout = analysis.ddp_layout
     if not layout:
         return Proposals(why="the job used no DistributedDataParallel")
-    if layout.get("comm_hook"):
-        return Proposals(why=f"the job already runs the communication hook {layout['comm_hook']}")
+    if layout.comm_hook:
+        return Proposals(why=f"the job already runs the communication hook {layout.comm_hook}")
     timed = set()
     for calibration in analysis.calibrations.values():
         timed |= set(((calibration.get("collectives") or {}).get("compression") or {}))

@@ -19,7 +19,7 @@ def memory(analysis: RunAnalysis) -> Proposals:
     layout = analysis.ddp_layout
     if not layout:
         return Proposals(why="the job used no DistributedDataParallel")
-    if layout.get("gradient_as_bucket_view"):
+    if layout.gradient_as_bucket_view:
         return Proposals(why="the job keeps its gradients as views into DDP's buckets already")
     return Proposals([{"gradient_as_bucket_view": True}])
 
@@ -30,6 +30,6 @@ def static_graph(analysis: RunAnalysis) -> Proposals:
     layout = analysis.ddp_layout
     if not layout:
         return Proposals(why="the job used no DistributedDataParallel")
-    if layout.get("static_graph"):
+    if layout.static_graph:
         return Proposals(why="the job runs DDP with a static graph already")
     return Proposals([{"static_graph": True}])

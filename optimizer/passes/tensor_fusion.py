@@ -27,9 +27,9 @@ def tensor_fusion(analysis: RunAnalysis) -> Proposals:
     """Bucket caps from a quarter of a MB up to the first that holds every gradient, except the
     recorded cap."""
     layout = analysis.ddp_layout
-    if not layout or "buckets" not in layout:
+    if not layout or not layout.buckets:
         return Proposals(why=NO_BUCKETS)
-    recorded_mb = float(layout["bucket_cap_bytes"]) / 2 ** 20
+    recorded_mb = layout.bucket_cap_mb
     total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
     caps = []
     for mb in LADDER_MB:
@@ -44,10 +44,9 @@ def first_bucket(analysis: RunAnalysis) -> Proposals:
     """First-bucket caps below the job's bucket cap and below its gradients' total, except the
     recorded first cap."""
     layout = analysis.ddp_layout
-    if not layout or "buckets" not in layout:
+    if not layout or not layout.buckets:
         return Proposals(why=NO_BUCKETS)
-    cap_mb = float(layout["bucket_cap_bytes"]) / 2 ** 20
-    first_mb = float(layout.get("first_bucket_bytes_cap") or layout["bucket_cap_bytes"]) / 2 ** 20
+    cap_mb, first_mb = layout.bucket_cap_mb, layout.first_bucket_mb
     total_mb = sum(analysis.bucket_bytes()) / 2 ** 20
     firsts = [mb for mb in FIRST_LADDER_MB if mb < min(cap_mb, total_mb) and abs(mb - first_mb) > 1e-9 * mb]
     if not firsts:
