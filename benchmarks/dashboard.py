@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from dpro.cli.options import table
-from dpro.testing.browser import headless_chromium, start_dashboard
+from tools.testing.browser import headless_chromium, start_dashboard
 
 from benchmarks.synthetic_runs import make_run
 

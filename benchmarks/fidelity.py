@@ -161,7 +161,7 @@ def evaluate(case: Case, analyses: dict, measured: dict[str, float]) -> dict:
 
 def replay_as_recorded(name: str, analysis) -> dict:
     """A source's replay, not anchored, against the unprofiled steps of its own recording."""
-    from dpro.replayer.report import comparison
+    from dpro.replayer.replay_report import comparison
 
     s = comparison(analysis.graph, analysis.replay(), analysis.unprofiled_step_ns, analysis.profiled_step_ns)
     return {"run": name, "measured_ms": s["measured_step_ms"], "profiled_ms": s["profiled_step_ms"],
@@ -258,7 +258,7 @@ def summary(result: dict, label: str, goals: bool) -> list[dict]:
 
 def run(quick: bool = False, seeds: str = "both", keep: Path | None = None) -> list[dict]:
     """The tuning seed, then the scoring seed (``seeds``: "both", "tuning" or "scoring")."""
-    from dpro.testing.netns import can_build_namespaces
+    from tools.testing.netns import can_build_namespaces
 
     reason = can_build_namespaces()
     if reason:

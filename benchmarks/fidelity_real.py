@@ -112,7 +112,7 @@ def _record(config: Config, root: Path) -> None:
                         str(config.script), *config.job], check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=900)
     else:
-        from dpro.testing.netns import NetnsCluster, record_across_hosts
+        from tools.testing.netns import NetnsCluster, record_across_hosts
 
         rates = {h: f"{config.rate_mbit}mbit" for h in range(config.hosts)} if config.rate_mbit else {}
         with NetnsCluster(config.hosts, rates=rates) as cluster:
@@ -220,7 +220,7 @@ def measure_unthrottled_link(repeats: int = 3) -> float:
     """Bytes per ns of the namespace hosts' links without ``tc`` (what ``iperf`` would say),
     measured apart from every recorded run: one TCP stream of :data:`LINK_TEST_MB` MiB from
     host 0 to host 1, the median of ``repeats``."""
-    from dpro.testing.netns import NetnsCluster
+    from tools.testing.netns import NetnsCluster
 
     rates = []
     with NetnsCluster(2) as cluster:
@@ -274,7 +274,7 @@ def _compensation(configs: dict[str, Config]) -> list[dict]:
     """Each recorded configuration replayed as recorded (the profiler's calibrated cost taken
     out) against its own unprofiled steps, which the graph was not built from; the baseline is
     the profiled steps' time (what the replay predicted before the compensation)."""
-    from dpro.replayer.report import comparison
+    from dpro.replayer.replay_report import comparison
 
     out = []
     for config in configs.values():
@@ -341,7 +341,7 @@ def run(quick: bool = False, keep: Path | None = None, reuse: bool = False,
     """Record the matrix (into ``keep``, default a new temporary directory; with ``reuse``, runs
     already in ``keep`` are read again instead), predict every case, print the per-case table;
     the summary rows."""
-    from dpro.testing.netns import can_build_namespaces
+    from tools.testing.netns import can_build_namespaces
 
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     reason = can_build_namespaces()

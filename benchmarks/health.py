@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dpro.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
+from tools.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
 
 GOAL_S = 60.0
 HOSTS = 4

@@ -279,7 +279,7 @@ def _rows(cases: list[dict], speed: dict, goals: bool) -> list[dict]:
 def run(quick: bool = False, keep: Path | None = None, tune: bool = False) -> list[dict]:
     """The held-out jobs, the trials and the speed; the summary rows. ``tune``: the fidelity
     benchmark's tuning seed's jobs instead (to try the harness; no goal counts)."""
-    from dpro.testing.netns import can_build_namespaces
+    from tools.testing.netns import can_build_namespaces
 
     reason = can_build_namespaces()
     if reason:

@@ -155,7 +155,7 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
     from dpro.analysis import RunAnalysis
     from dpro.analysis.memory import rank_memory
     from dpro.analysis.whatif import Change, predict
-    from dpro.optimizer.memory import strategy_memory_bytes
+    from dpro.optimizer.memory_estimate import strategy_memory_bytes
 
     median = {name: float(np.median(m)) for name, m in measured.items()}
     replays, scored = [], []
@@ -312,7 +312,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def run_testbed(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[list[dict], dict]:
-    from dpro.testing.netns import can_build_namespaces
+    from tools.testing.netns import can_build_namespaces
 
     reason = can_build_namespaces()
     if reason:

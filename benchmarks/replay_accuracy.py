@@ -29,7 +29,7 @@ from dpro.analysis import RunAnalysis
 from dpro.graph.dataflow import DataflowGraph, graph_from_traces
 from dpro.graph.kineto import TraceTables, load_trace
 from dpro.replayer.simulate import replay
-from dpro.replayer.whatif import WhatIf
+from dpro.replayer.graph_edits import WhatIf
 from dpro.run_format import Run, open_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def _record(run_dir: Path, job_args: list[str]) -> None:
 def _throttled_run(run_dir: Path) -> Run | None:
     """A 2-host run (network namespaces) with one host's link throttled; None where namespaces
     cannot be built (not root), said on stderr."""
-    from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
+    from tools.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
     reason = can_build_namespaces()
     if reason is not None:

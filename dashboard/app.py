@@ -14,7 +14,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, dcc, html
 
-from dpro.dashboard.health import HealthView
+from dpro.dashboard.health_history import HealthView
 from dpro.dashboard.pages import diagnosis, health as health_page, overview, timeline, whatif
 from dpro.dashboard.runs import RunView
 

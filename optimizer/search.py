@@ -24,7 +24,7 @@ run's ranks never quite are: it drops their skew and stragglers) and pays off wi
 A strategy that would fail the job is left out, and the notes say why (DDP's PowerSGD hook on
 gloo with more than one bucket: :func:`dpro.optimizer.passes.compression.fails_the_job`).
 
-With a memory budget, a strategy whose memory estimate (:mod:`dpro.optimizer.memory`) exceeds
+With a memory budget, a strategy whose memory estimate (:mod:`dpro.optimizer.memory_estimate`) exceeds
 it on any rank is not predicted and not proposed (the recorded configuration is still
 predicted: the cost model's ratio to its replay anchors every prediction).
 
@@ -42,14 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpro.analysis.compare import critical_path_breakdown
 from dpro.analysis.memory import rank_memory
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.whatif import Change, CostModel, Prediction
 from dpro.annealing import Landscape, Visit, anneal
 from dpro.errors import DproError
 
-from dpro.optimizer.memory import strategy_memory_bytes
+from dpro.optimizer.memory_estimate import strategy_memory_bytes
 from dpro.optimizer.passes import PASSES
 from dpro.optimizer.passes.compression import fails_the_job
 from dpro.optimizer.strategy import Strategy
@@ -135,7 +134,7 @@ def search(analysis: RunAnalysis, budget_s: float = 60.0, exact_only: bool = Fal
     if analysis.baseline_step_ns != analysis.baseline_step_ns:
         raise DproError(f"{analysis.root} has no step outside the profiling window to optimize against "
                         "(record more steps than --skip + --warmup + --steps)")
-    path = critical_path_breakdown(analysis)
+    path = analysis.critical_path_breakdown()
     exposed_ms, step_ms = path["communication"], path["span"]
     compute_ms = path["compute"] + path["launch_bound"]
     notes, axes = [], []

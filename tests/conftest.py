@@ -56,7 +56,7 @@ def downloads(tmp_path_factory) -> Path:
 def browser(downloads):
     """A real headless Chromium driven by Selenium, with the browser console's messages kept
     and downloads saved in ``downloads``."""
-    from dpro.testing.browser import headless_chromium
+    from tools.testing.browser import headless_chromium
 
     driver = headless_chromium(downloads)
     yield driver

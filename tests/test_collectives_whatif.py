@@ -17,7 +17,7 @@ from dpro.graph.decompose import Matched, decompose
 from dpro.replayer.breakdown import CATEGORIES, breakdown, rank_critical_path
 from dpro.replayer.cost import fit_alpha_beta
 from dpro.replayer.simulate import Replayer, replay
-from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.replayer.graph_edits import WhatIf, WhatIfError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -18,7 +18,7 @@ from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from dpro.testing.browser import free_port, start_dashboard
+from tools.testing.browser import free_port, start_dashboard
 from tests.conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 ARTIFACTS = Path(os.environ.get("DPRO_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"

@@ -16,7 +16,7 @@ from dpro.anomaly.fabric.pairwise import measure, write_probes
 from dpro.anomaly.fabric.probes import analyze, read_probes
 from dpro.anomaly.run.connections import connection_rates
 from dpro.run_format import open_run
-from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
+from tools.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
 from .conftest import EXAMPLE, dpro
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from .conftest import ROOT
@@ -42,3 +43,23 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
                       .replace("paths: [build/source-view]", f"paths: [{ROOT / 'build' / 'source-view'}]"))
     result = build(config, tmp_path / "site")
     assert result.returncode != 0 and "missing.md" in result.stderr, result.stderr[-4000:]
+
+
+def test_the_architecture_page_names_every_layer_and_package() -> None:
+    """docs/architecture.md checked against the code: every layer of the import-linter contract
+    is in its picture, every package of the distribution in its folder table."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    picture = page.split("```")[1]
+    layers = next(c for c in project["tool"]["importlinter"]["contracts"] if c["type"] == "layers")["layers"]
+    missing = [m for layer in layers for m in layer.split(" | ") if m not in picture]
+    assert not missing, f"layers missing from the picture: {missing}"
+    table = page.split("## The folders", 1)[1]
+    folders = project["tool"]["setuptools"]["package-dir"]
+    for package in project["tool"]["setuptools"]["packages"]:
+        top = ".".join(package.split(".")[:2])
+        folder = folders.get(top, top.replace(".", "/"))
+        inner = package[len(top):].lstrip(".").split(".")[0]
+        assert f"`{folder}/`" in table or f"`{top}`" in table, f"{package}: no row for {folder}/"
+        if inner:
+            assert f"{inner}/" in table or f"`{inner}`" in table, f"{package}: {inner} not named in its row"

@@ -105,7 +105,7 @@ def test_tcp_server_unreachable_from_the_client() -> None:
 
 @pytest.mark.privileged
 def test_tcp_between_network_namespaces_diffs_each_hosts_interface() -> None:
-    from dpro.testing.netns import NetnsCluster, can_build_namespaces
+    from tools.testing.netns import NetnsCluster, can_build_namespaces
 
     if reason := can_build_namespaces():
         pytest.skip(reason)

@@ -32,8 +32,8 @@ from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import Metric
 from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.rules import Baseline, judge, learned
-from dpro.testing.browser import start_dashboard
-from dpro.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
+from tools.testing.browser import start_dashboard
+from tools.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
 from tests.conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 FAKES = Path(__file__).parent / "fakes"
@@ -433,7 +433,7 @@ def _health_on_a_routed_fabric(tmp_path: Path, routes: str, pairwise: str) -> di
     reason = can_build_namespaces()
     if reason:
         pytest.skip(reason)
-    from dpro.testing.fabric import RoutedFabric
+    from tools.testing.fabric import RoutedFabric
 
     with RoutedFabric(leaves=3, spines=2, hosts_per_leaf=4, routes=routes) as fabric:
         fabric.throttle_link("leaf0", "spine0", "100mbit")

@@ -9,7 +9,7 @@ import pytest
 from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.interference import Interference, NodeClasses, _covered, from_calibration, from_graph, overlap
 from dpro.replayer.simulate import replay
-from dpro.replayer.whatif import WhatIf
+from dpro.replayer.graph_edits import WhatIf
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -15,7 +15,7 @@ from dpro.analysis.whatif import Change, predict
 from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.median_rank import median_rank
 from dpro.replayer.simulate import Replayer
-from dpro.replayer.whatif import WhatIf
+from dpro.replayer.graph_edits import WhatIf
 
 from tests.conftest import dpro
 

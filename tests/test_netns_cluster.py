@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dpro.run_format import open_run
-from dpro.testing import netns
-from dpro.testing.netns import NetnsCluster, can_build_namespaces, cleanup_stale, record_across_hosts
+from tools.testing import netns
+from tools.testing.netns import NetnsCluster, can_build_namespaces, cleanup_stale, record_across_hosts
 
 from .conftest import EXAMPLE, SMALL_LM
 
@@ -132,7 +132,7 @@ def test_everything_is_removed_even_when_the_body_raises() -> None:
 
 
 def test_cleanup_stale_removes_what_a_killed_run_left() -> None:
-    script = ("import time\nfrom dpro.testing.netns import NetnsCluster\n"
+    script = ("import time\nfrom tools.testing.netns import NetnsCluster\n"
               "with NetnsCluster(2, prefix='dprocrash') as c:\n"
               "    p = c.popen(1, ['sleep', '300'])\n"
               "    print(c.tag, p.pid, flush=True)\n"

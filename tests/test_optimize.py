@@ -20,8 +20,8 @@ from dpro.analysis.memory import RankMemory, rank_memory
 from dpro.analysis.whatif import Change, CostModel, predict
 from dpro.errors import DproError
 from dpro.graph.kineto import load_trace
-from dpro.graph.kineto.memory import memory_peaks
-from dpro.optimizer.memory import strategy_memory_bytes
+from dpro.graph.kineto.allocator import memory_peaks
+from dpro.optimizer.memory_estimate import strategy_memory_bytes
 from dpro.optimizer.passes import (checkpointing, compression, first_bucket, gradient_accumulation, memory,
                                    operator_fusion, tensor_fusion)
 from dpro.optimizer.passes.checkpointing import block_lists

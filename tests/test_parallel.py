@@ -16,7 +16,7 @@ from dpro.analysis import fsdp, tensor_parallel
 from dpro.analysis.memory import rank_memory
 from dpro.analysis.mesh_groups import flows_per_link, runs, strides
 from dpro.analysis.whatif import CostModel
-from dpro.optimizer.memory import _tp_bytes
+from dpro.optimizer.memory_estimate import _tp_bytes
 from dpro.optimizer.passes.tensor_parallel import tp_mesh as tp_mesh_pass
 from dpro.analysis.fsdp import _backward_all_gathers
 from dpro.graph.collective_log import label
@@ -329,7 +329,7 @@ def test_a_flat_fsdp_job_predicted_as_replicas_all_reduces_each_reduce_scatter(f
 def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_units_reshard() -> None:
     from dpro.analysis.memory import RankMemory
     from dpro.analysis.parallelism import Parallelism
-    from dpro.optimizer.memory import strategy_memory_bytes
+    from dpro.optimizer.memory_estimate import strategy_memory_bytes
 
     def job(reshard: bool) -> Parallelism:
         units = [{"module": "", "root": True, "parameters": 2, "unsharded_bytes": 50, "reshard_after_forward": reshard}]
@@ -361,7 +361,7 @@ def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_u
 def test_checkpointing_an_fsdp_job_s_blocks_is_planned_from_its_units(deep_fsdp_run: Path, tmp_path_factory) -> None:
     from dpro.analysis.memory import rank_memory
     from dpro.analysis.whatif import Change, predict
-    from dpro.optimizer.memory import strategy_memory_bytes
+    from dpro.optimizer.memory_estimate import strategy_memory_bytes
     from dpro.optimizer.passes import checkpointing
 
     analysis = RunAnalysis.open(deep_fsdp_run)
@@ -605,7 +605,7 @@ def test_an_op_that_sat_waiting_for_a_transfer_is_cut_at_the_wait() -> None:
 def test_the_dashboard_labels_each_lane_with_its_mesh_coordinate(browser, tp_run: Path) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from dpro.testing.browser import start_dashboard
+    from tools.testing.browser import start_dashboard
 
     server, url = start_dashboard(str(tp_run))
     ticks = "return [...document.querySelectorAll('#timeline .ytick text')].map(t => t.textContent).join(' ')"

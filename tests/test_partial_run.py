@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpro.run_format import open_run
-from dpro.testing.browser import start_dashboard
+from tools.testing.browser import start_dashboard
 
 from .conftest import assert_one_line_error, dpro
 

@@ -27,7 +27,7 @@ from dpro.anomaly.search.objectives import ThroughputObjective
 from dpro.anomaly.search.annealing import Budget, search
 from dpro.anomaly.search.report import write_report
 from dpro.anomaly.search.space import WorkloadSpace
-from dpro.testing.netns import NetnsCluster, can_build_namespaces
+from tools.testing.netns import NetnsCluster, can_build_namespaces
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 

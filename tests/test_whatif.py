@@ -13,7 +13,7 @@ from benchmarks.testbed.spec import draw_job
 from dpro.analysis import RunAnalysis
 from dpro.replayer.linkmodel import wire_rates
 from dpro.run_format import open_run
-from dpro.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
+from tools.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
 from .conftest import JOBS, assert_one_line_error, dpro
 

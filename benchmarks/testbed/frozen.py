@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # them). A change to any of them is a new model.
 MODEL_SOURCES = ("collectors", "graph", "replayer", "dpro/analysis/run.py", "dpro/analysis/fanout.py",
                  "dpro/analysis/cpu_ops.py", "dpro/analysis/fusion.py", "dpro/analysis/whatif.py",
-                 "dpro/run_format.py", "dpro/stats.py", "dpro/cli/record.py", "dpro/testing/netns.py",
+                 "dpro/run_format.py", "dpro/stats.py", "dpro/cli/record.py", "tools/testing/netns.py",
                  "benchmarks/fidelity.py", "benchmarks/testbed",
                  # and what dpro optimize adds on top: the search, its intervals, its trials, its harness
                  "optimizer", "optimizer/intervals.json", "dpro/cli/optimize.py", "benchmarks/optimize.py",

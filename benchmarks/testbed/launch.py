@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from dpro.testing.netns import _SET_HOSTNAME_AND_EXEC, FAIL_FAST_S, TERM_GRACE_S
+from tools.testing.netns import _SET_HOSTNAME_AND_EXEC, FAIL_FAST_S, TERM_GRACE_S
 
 
 def hosts_file(cluster, path: Path) -> Path:

@@ -31,7 +31,7 @@ def configs() -> list[Config | LocalJob]:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from dpro.testing.netns import can_build_namespaces
+    from tools.testing.netns import can_build_namespaces
 
     reason = can_build_namespaces()
     if reason:

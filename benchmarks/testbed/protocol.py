@@ -127,7 +127,7 @@ class Testbed:
         self._clusters.clear()
 
     def _cluster(self, config: Config):
-        from dpro.testing.netns import NetnsCluster
+        from tools.testing.netns import NetnsCluster
 
         cluster = self._clusters.get(config.hosts)
         if cluster is None:
@@ -150,7 +150,7 @@ class Testbed:
 
     def measure(self, config: Config | LocalJob) -> float:
         """The median step time (ms) of one run with no profiler, after its first :data:`SKIP_STEPS`."""
-        from dpro.testing.netns import torchrun_across_hosts
+        from tools.testing.netns import torchrun_across_hosts
 
         with tempfile.TemporaryDirectory(prefix="dpro-testbed-") as tmp:
             times = Path(tmp) / "steps"
@@ -171,7 +171,7 @@ class Testbed:
 
     def record(self, config: Config, run_dir: Path) -> Path:
         """Record the configuration with ``dpro record`` into ``run_dir``."""
-        from dpro.testing.netns import record_across_hosts
+        from tools.testing.netns import record_across_hosts
 
         def start(cluster):
             if run_dir.exists():  # a failed attempt's partial run

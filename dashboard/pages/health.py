@@ -9,7 +9,7 @@ from typing import Any
 from dash import Input, Output, dcc, html
 
 from dpro.dashboard.figures import heatmap_figure, trend_figure, verdict_figure
-from dpro.dashboard.health import HealthView
+from dpro.dashboard.health_history import HealthView
 from dpro.dashboard.pages.common import figure, missing, table
 
 __all__ = ["layout", "register"]

@@ -8,11 +8,9 @@ import math
 from typing import Any
 
 
-from dpro.replayer.breakdown import mean_breakdown
-
 from dpro.analysis.run import RunAnalysis
 
-__all__ = ["compare", "critical_path_breakdown"]
+__all__ = ["compare"]
 
 
 def compare(a: RunAnalysis, b: RunAnalysis) -> dict[str, Any]:
@@ -52,10 +50,4 @@ def _applied(analysis: RunAnalysis) -> dict[int, list[str]]:
 
 
 def _breakdown(analysis: RunAnalysis) -> dict[str, float] | None:
-    return critical_path_breakdown(analysis) if analysis.has_traces else None
-
-
-def critical_path_breakdown(analysis: RunAnalysis) -> dict[str, float]:
-    """Mean ms of the critical path's span and of each category
-    (:func:`dpro.replayer.breakdown.breakdown`) over the ranks, in the replay of the recorded step."""
-    return mean_breakdown(analysis.graph, analysis.replay())
+    return analysis.critical_path_breakdown() if analysis.has_traces else None

@@ -40,7 +40,7 @@ from dpro.graph.dataflow import DataflowGraph
 from dpro.graph.vocabulary import collective_family
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.linkmodel import wire_rates
-from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.replayer.graph_edits import WhatIf, WhatIfError
 
 from dpro.analysis.mesh_groups import regroup_over, runs, strides
 from dpro.analysis.run import RunAnalysis
@@ -124,7 +124,7 @@ def merge_units(w: WhatIf, analysis: RunAnalysis, size: int) -> dict[str, Any]:
     unit gathered, one before its backward where its first unit in the backward pass gathered
     (resharded after forward), one reduce-scatter where its last did; each of the size of the
     group's (as changed so far). The other units' calls are not made
-    (:meth:`~dpro.replayer.whatif.WhatIf.drop_collective`); their copies in and out of the
+    (:meth:`~dpro.replayer.graph_edits.WhatIf.drop_collective`); their copies in and out of the
     gathered buffer stay where they were (in FSDP they are the group's, taking as long for the
     same bytes)."""
     groups = _shard_groups(analysis, "--merge-units")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dpro.replayer.cost import link_class
-from dpro.replayer.whatif import WhatIf
+from dpro.replayer.graph_edits import WhatIf
 
 __all__ = ["crossed", "flows_per_link", "regroup_over", "runs", "strides"]
 

@@ -43,10 +43,11 @@ from dpro.graph.collectives import nccl_log_algorithms
 from dpro.graph.dataflow import DataflowGraph, GraphError, build_graph, common_steps
 from dpro.analysis.parallelism import Parallelism
 from dpro.graph.kineto import TraceFormatError, TraceTables, load_trace
-from dpro.graph.kineto.memory import MemoryTrace
+from dpro.graph.kineto.allocator import MemoryTrace
 from dpro.graph.kineto.shapes import input_shapes
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
+from dpro.replayer.breakdown import mean_breakdown
 from dpro.replayer.result import Replay
 from dpro.run_format import DdpLayout, Run, open_run
 from dpro.stats import job_mean
@@ -214,7 +215,7 @@ class RunAnalysis:
         return self._shapes[rank]
 
     def memory_trace(self, rank: int) -> MemoryTrace | None:
-        """The allocator's events of the rank's shapes step (:class:`dpro.graph.kineto.memory.MemoryTrace`),
+        """The allocator's events of the rank's shapes step (:class:`dpro.graph.kineto.allocator.MemoryTrace`),
         decoded once; None where the rank has no readable shapes step."""
         if rank not in self._memory:
             path = self.run.shapes_trace_path(rank)
@@ -342,6 +343,11 @@ class RunAnalysis:
     def replay(self) -> Replay:
         """The replay of the recorded graph (stored beside it)."""
         return self._replay
+
+    def critical_path_breakdown(self) -> dict[str, float]:
+        """Mean ms of the critical path's span and of each category
+        (:func:`dpro.replayer.breakdown.breakdown`) over the ranks, in the replay of the recorded step."""
+        return mean_breakdown(self.graph, self.replay())
 
     @cached_property
     def _replay(self) -> Replay:

@@ -1,7 +1,7 @@
 """A recorded pipeline's stages, as the costs :mod:`dpro.replayer.pipeline` replays
 (``dpro whatif --microbatches/--schedule``).
 
-Read from the graph under the change made so far (:class:`~dpro.replayer.whatif.WhatIf`'s
+Read from the graph under the change made so far (:class:`~dpro.replayer.graph_edits.WhatIf`'s
 durations), each rank one stage (``meta.json``'s ``parallel.pipeline``). A rank's CPU ops in
 the step, each with the time before it on its thread (the interpreter between ops), are:
 
@@ -34,7 +34,7 @@ import pandas as pd
 from dpro.graph.vocabulary import P2P_FAMILIES, collective_family
 from dpro.replayer.linkmodel import wire_rates
 from dpro.replayer.pipeline import StageCost
-from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.replayer.graph_edits import WhatIf, WhatIfError
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 from dpro.analysis.cpu_ops import cpu_ops, once_per_rank, view_op_ns

@@ -36,7 +36,7 @@ import numpy as np
 
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 from dpro.replayer.linkmodel import wire_rates
-from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.replayer.graph_edits import WhatIf, WhatIfError
 
 from dpro.analysis.mesh_groups import regroup_over, runs, strides
 from dpro.analysis.run import RunAnalysis

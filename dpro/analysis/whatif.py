@@ -1,6 +1,6 @@
 """What a recorded data-parallel job would do under another configuration (``dpro whatif``).
 
-The recorded run's graph is replayed with the change made (:class:`dpro.replayer.whatif.WhatIf`),
+The recorded run's graph is replayed with the change made (:class:`dpro.replayer.graph_edits.WhatIf`),
 sends timed by the link model fitted on the run's calibration
 (:mod:`dpro.replayer.linkmodel`; on the graph's own collectives when the run was recorded with
 ``--no-calibrate``). Changes, applied in this order:
@@ -84,7 +84,7 @@ from dpro.replayer.linkmodel import calibrated_link_model, wire_rates
 from dpro.replayer.pipeline import SCHEDULES, schedule_name, step_ns
 from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
-from dpro.replayer.whatif import WhatIf, WhatIfError
+from dpro.replayer.graph_edits import WhatIf, WhatIfError
 
 from dpro.analysis.cpu_ops import (ACCUMULATE_GRAD_EVENT, DDP_FORWARD_EVENT, FSDP_EVENT_PREFIX, cpu_ops,
                                    forward_marks, once_per_rank, top_level, view_op_ns)
@@ -132,7 +132,7 @@ def predict(analysis: RunAnalysis, change: Change, interference: bool = True, in
     ``interference=False`` leaves durations independent of overlap; ``incremental=False``
     replays the whole graph every time; ``fold=True`` replays it folded onto its median rank
     where the ranks run the same ops (approximate; ``ranks_folded`` says whether it was),
-    :class:`~dpro.replayer.whatif.WhatIf`. To predict many changes of one run, build its
+    :class:`~dpro.replayer.graph_edits.WhatIf`. To predict many changes of one run, build its
     :class:`CostModel` once."""
     return CostModel(analysis, interference, incremental, fold).predict(change).summary
 
@@ -141,7 +141,7 @@ class CostModel:
     """A recorded run's cost model, built once: the link model (the calibration's measurements,
     where they exist, replace the fits on the graph's own sends), the interference model and the
     replay of the unchanged graph. Every :meth:`predict` reuses them, starting from a fork of
-    the unchanged what-if (:meth:`~dpro.replayer.whatif.WhatIf.fork`); one at a time (the forks
+    the unchanged what-if (:meth:`~dpro.replayer.graph_edits.WhatIf.fork`); one at a time (the forks
     share the replayer), so that threads may share a cost model."""
 
     def __init__(self, analysis: RunAnalysis, interference: bool = True, incremental: bool = True,

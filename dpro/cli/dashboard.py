@@ -41,7 +41,7 @@ def dashboard(runs: tuple[Any, ...], port: int, host: str, report: Path | None, 
     if given and not runs:
         raise click.UsageError(f"{given[0]} goes with a RUN: give the run it belongs to")
     from dpro.dashboard.app import make_app
-    from dpro.dashboard.health import HealthView
+    from dpro.dashboard.health_history import HealthView
     from dpro.dashboard.runs import Extras, RunView
 
     if not _is_loopback(host):

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,13 +13,10 @@ from typing import Any
 
 import click
 
+from dpro.anomaly.health.launch import COULD_NOT_RUN
 from dpro.cli import CONTEXT
 from dpro.errors import DproError
 
-COULD_NOT_RUN = 3
-NPD_OK, NPD_NONOK, NPD_UNKNOWN = 0, 1, 2  # node-problem-detector's custom plugin exit codes
-NPD_MAX_CHARS = 80
-LOCAL_GRACE_S = 30.0  # without a launcher: how long the other ranks may outlive rank 0 (or a failed rank)  # node-problem-detector's default max_output_length
 
 
 class CouldNotRun(click.ClickException):
@@ -92,10 +86,16 @@ def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Pa
     if time_budget is not None:
         config = dataclasses.replace(config, time_budget_s=time_budget)
     if npd:
-        ctx.exit(_node_problem(db))
+        from dpro.anomaly.health.npd import node_problem
+
+        code, line = node_problem(db)
+        click.echo(line)
+        ctx.exit(code)
     if launcher_env() is None:
+        from dpro.anomaly.health.launch import run_locally
+
         _preflight(out, db)  # the children would each fail alike, and later
-        ctx.exit(_run_locally(nproc))
+        ctx.exit(run_locally(nproc, sys.argv[2:]))
     ctx.exit(_run_as_rank(config, out, db))
 
 
@@ -132,61 +132,6 @@ def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
     click.echo(f"dpro health: {summary(report)}")
     click.echo(f"report: {paths['markdown']}, {paths['json']}, {paths['html']}; history run {run_id}", err=True)
     return code
-
-
-def _run_locally(nproc: int) -> int:
-    """Start ``nproc`` processes of this very command as ranks of a local job; rank 0's exit code."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(nproc):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "dpro", "health", *sys.argv[2:]], env=env))
-    try:
-        while procs[0].poll() is None and all(p.poll() in (None, 0, 1, 2) for p in procs):
-            time.sleep(0.1)
-        deadline = time.monotonic() + LOCAL_GRACE_S  # the others finish with rank 0, or are stopped
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    codes = [p.returncode for p in procs]
-    return codes[0] if all(c in (0, 1, 2) for c in codes) else COULD_NOT_RUN
-
-
-def _node_problem(db: str | None) -> int:
-    """node-problem-detector's custom plugin protocol: one line, exit 0 OK, 1 NonOK, 2 Unknown."""
-    from dpro.anomaly.health.gpu import GpuWatch
-    from dpro.anomaly.health.history import DEFAULT_DB, History
-    from dpro.anomaly.health.model import Node
-    from dpro.anomaly.health.nic import NicWatch
-
-    try:
-        gpus, nics = GpuWatch(), NicWatch()
-        gpus.start()
-        nics.start()
-        node = Node(socket.gethostname(), gpus.finish() + nics.finish())
-        last = None
-        if db or os.environ.get("DPRO_HEALTH_DB") or DEFAULT_DB.expanduser().exists():
-            with History.open(db) as history:
-                last = history.last_verdict(node.host)
-    except Exception as e:  # noqa: BLE001 -- the protocol: any failure is "unknown", said in the line
-        click.echo(f"unknown: {type(e).__name__}: {e}"[:NPD_MAX_CHARS])
-        return NPD_UNKNOWN
-    bad = [c for c in node.checks if c.status in ("warn", "fail")]
-    nightly_bad = last is not None and last[0] != "healthy"
-    if not bad and not nightly_bad:
-        tail = f"; nightly {last[1][:10]} healthy" if last else ""
-        click.echo(f"healthy: {sum(c.status == 'pass' for c in node.checks)} checks passed{tail}"[:NPD_MAX_CHARS])
-        return NPD_OK
-    parts = [f"{c.name}: {c.message}" for c in bad] + ([f"nightly {last[1][:10]}: {last[0]}"] if nightly_bad else [])
-    click.echo(f"{node.verdict if bad else last[0]}: {'; '.join(parts)}"[:NPD_MAX_CHARS])
-    return NPD_NONOK
 
 
 @health.command("history")

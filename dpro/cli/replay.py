@@ -26,7 +26,7 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
     """Replay a recorded run's dataflow graph: measured against predicted step time."""
     from dpro.analysis.run import STALLED
     from dpro.analysis.window import window_check
-    from dpro.replayer.report import comparison, export_chrome_trace
+    from dpro.replayer.replay_report import comparison, export_chrome_trace
 
     analysis = open_analysis(run, scheduler, workers, align=not no_align)
     graph, result = analysis.graph, analysis.replay()
@@ -74,7 +74,7 @@ def critical_path(run: Any, rank: int | None, show_all: bool, top: int, as_json:
     launch-bound, exposed communication, waiting for other ranks, idle) and the ops that take
     most of it."""
     from dpro.replayer.breakdown import CATEGORIES, breakdown
-    from dpro.replayer.report import critical_path as path_of, top_ops
+    from dpro.replayer.replay_report import critical_path as path_of, top_ops
 
     analysis = open_analysis(run, scheduler, workers)
     graph, result = analysis.graph, analysis.replay()

@@ -11,7 +11,7 @@ from dpro.optimizer.passes.base import Proposals
 from dpro.optimizer.passes.checkpointing import checkpointing
 from dpro.optimizer.passes.compression import compression
 from dpro.optimizer.passes.fsdp import fsdp_mesh, fsdp_prefetch, fsdp_reshard, fsdp_units
-from dpro.optimizer.passes.memory import memory, static_graph
+from dpro.optimizer.passes.ddp_flags import memory, static_graph
 from dpro.optimizer.passes.operator_fusion import operator_fusion
 from dpro.optimizer.passes.pipeline import pipeline_schedule
 from dpro.optimizer.passes.tensor_parallel import tp_mesh

@@ -1,6 +1,6 @@
 """Gradient accumulation: each step's batch in micro-batches, one all-reduce a step.
 
-The activations kept for the backward pass shrink with the micro-batch (:mod:`dpro.optimizer.memory`);
+The activations kept for the backward pass shrink with the micro-batch (:mod:`dpro.optimizer.memory_estimate`);
 every op pays its fixed cost once per micro-batch, and only the last micro-batch's backward pass
 overlaps the all-reduces (:func:`dpro.analysis.whatif.predict`, ``accumulate``). It costs time
 and saves memory: it wins only under a memory budget, where it competes with checkpointing. A

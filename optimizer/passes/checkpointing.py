@@ -2,7 +2,7 @@
 parameters' names: ``blocks.0.``, ``blocks.1.``, ...; on an FSDP2 job, in its units' module
 names: ``blocks.0``, ``blocks.1``, ...) runs under ``checkpoint``, and the
 backward pass recomputes their forward (:func:`dpro.analysis.whatif.predict`,
-``recompute_forward``). It costs time and saves memory (:mod:`dpro.optimizer.memory`): it wins
+``recompute_forward``). It costs time and saves memory (:mod:`dpro.optimizer.memory_estimate`): it wins
 only under a memory budget. A change to the model's code: ``--apply`` cannot make it.
 """
 

@@ -4,7 +4,7 @@ Resharded after forward, each unit frees its gathered parameters and gathers the
 its backward pass; kept, it holds them from its forward to its backward. The pass proposes the
 other setting than the recorded one: the search weighs the step time the cost model predicts
 (:func:`dpro.analysis.whatif.predict`, ``reshard_after_forward``) against the memory
-:mod:`dpro.optimizer.memory` estimates, so that ``--memory-budget`` picks resharding where
+:mod:`dpro.optimizer.memory_estimate` estimates, so that ``--memory-budget`` picks resharding where
 keeping does not fit.
 
 Forward prefetch issues each unit's all-gather while the units before it run: it pays where the
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dpro.analysis.fsdp import recorded_mesh
 from dpro.analysis.run import RunAnalysis
-from dpro.replayer.whatif import WhatIfError
+from dpro.replayer.graph_edits import WhatIfError
 
 from dpro.optimizer.passes.base import Proposals
 

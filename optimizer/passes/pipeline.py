@@ -5,7 +5,7 @@ pipeline's step) but each pays its ops' fixed cost; 1F1B holds at most ``stages`
 activations where GPipe holds all ``M``, and lets a slow stage start its backward passes
 earlier. The pass proposes half and twice the recorded count, and the other schedule with each;
 the search weighs the step time the cost model predicts (:func:`dpro.analysis.whatif.predict`,
-``microbatches`` and ``schedule``) against the memory :mod:`dpro.optimizer.memory` estimates.
+``microbatches`` and ``schedule``) against the memory :mod:`dpro.optimizer.memory_estimate` estimates.
 ``--apply`` sets both; the batch must divide into the micro-batches. From one recording the
 ops' fixed cost per micro-batch is unknown, and a new count is predicted as a range: the search
 ranks it by the range's slow end.

@@ -5,14 +5,14 @@ every block for larger gradient all-reduces after the backward pass and more of 
 compute and memory on each rank; more trade back. The pass proposes every other shape the
 what-if models from the recording (:func:`dpro.analysis.tensor_parallel.tp_mesh`: from a job
 with tensor parallel, and with data parallel unless the shape has none); the search weighs the
-predicted step against the memory each needs (:mod:`dpro.optimizer.memory`).
+predicted step against the memory each needs (:mod:`dpro.optimizer.memory_estimate`).
 """
 
 from __future__ import annotations
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.tensor_parallel import layout
-from dpro.replayer.whatif import WhatIfError
+from dpro.replayer.graph_edits import WhatIfError
 
 from dpro.optimizer.passes.base import Proposals
 

@@ -1,6 +1,6 @@
 """A routed leaf-spine fabric of network namespaces, for tests and benchmarks.
 
-Hosts are namespaces (as in :class:`dpro.testing.netns.NetnsCluster`: their own hostname, an
+Hosts are namespaces (as in :class:`tools.testing.netns.NetnsCluster`: their own hostname, an
 ``/etc/hosts`` naming every host); leaves and spines are namespaces that forward IPv4. Each leaf
 has a /24 for its hosts (``10.<net>.<leaf>.0/24``, the leaf at ``.1``); each leaf–spine cable is
 a /30; a leaf reaches the other leaves' /24s over every spine at once (an ECMP route, ``ip route
@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-from dpro.testing.netns import Host, NetnsCluster, _delete_netns, _kill_netns_processes, _sh, _tbf_burst
+from tools.testing.netns import Host, NetnsCluster, _delete_netns, _kill_netns_processes, _sh, _tbf_burst
 
 __all__ = ["RoutedFabric"]
 
@@ -30,7 +30,7 @@ class RoutedFabric(NetnsCluster):
     """``leaves × hosts_per_leaf`` hosts under ``leaves`` leaf routers, every leaf cabled to each
     of ``spines`` spine routers (see the module docstring); a context manager that always cleans
     up. Hosts are numbered leaf by leaf; :meth:`popen`, :meth:`run` and
-    :func:`dpro.testing.netns.torchrun_across_hosts` work as on a cluster."""
+    :func:`tools.testing.netns.torchrun_across_hosts` work as on a cluster."""
 
     def __init__(self, leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 2, *, prefix: str = "dfab",
                  net: int = 90, routes: str = "ecmp") -> None:
