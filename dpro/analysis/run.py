@@ -77,8 +77,6 @@ class RunAnalysis:
         self.progress = progress
         self.cache = cache
         self.built = False  # whether this object decoded traces and built the graph (not read it from the cache)
-        self._shapes: dict[int, dict[tuple[int, str, int], str] | None] = {}
-        self._memory: dict[int, MemoryTrace | None] = {}
         self._kept: dict[str, dict[int, Any]] = {}
 
     @classmethod
@@ -206,31 +204,19 @@ class RunAnalysis:
     def input_shapes(self, rank: int) -> dict[tuple[int, str, int], str] | None:
         """The rank's ops' input shapes from its shapes step (:func:`dpro.graph.kineto.shapes.input_shapes`),
         decoded once; None where the rank has no readable shapes step."""
-        if rank not in self._shapes:
-            path = self.run.shapes_trace_path(rank)
-            try:
-                self._shapes[rank] = input_shapes(path) if path is not None else None
-            except TraceFormatError:
-                self._shapes[rank] = None
-        return self._shapes[rank]
+        return self.kept("input_shapes", rank, lambda: self._from_shapes_step(rank, input_shapes))
 
     def memory_trace(self, rank: int) -> MemoryTrace | None:
         """The allocator's events of the rank's shapes step (:class:`dpro.graph.kineto.allocator.MemoryTrace`),
         decoded once; None where the rank has no readable shapes step."""
-        if rank not in self._memory:
-            path = self.run.shapes_trace_path(rank)
-            try:
-                self._memory[rank] = MemoryTrace(path) if path is not None else None
-            except TraceFormatError:
-                self._memory[rank] = None
-        return self._memory[rank]
+        return self.kept("memory_trace", rank, lambda: self._from_shapes_step(rank, MemoryTrace))
 
-    @cached_property
-    def derived_dir(self) -> Path:
-        return self.run.derived_dir()
-
-    def trace_cache_dir(self, rank: int) -> Path:
-        return self.derived_dir / "traces" / str(rank)
+    def _from_shapes_step(self, rank: int, read: Callable[[Path], T]) -> T | None:
+        path = self.run.shapes_trace_path(rank)
+        try:
+            return read(path) if path is not None else None
+        except TraceFormatError:
+            return None
 
     def tables(self, rank: int) -> TraceTables:
         """One rank's trace as tables (decoded once, then read from the trace cache)."""
