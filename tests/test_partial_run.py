@@ -67,6 +67,7 @@ def test_the_dashboard_says_the_run_is_partial(browser, partial_run: Path) -> No
 
     assert_one_line_error(dpro("dashboard", partial_run, "--strict"), GAP)
     server, url = start_dashboard(str(partial_run))
+    browser.get_log("browser")  # drop what earlier pages of this session's browser logged
     try:
         browser.get(url + "/")
         WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.ID, "partial-run"))

@@ -10,15 +10,16 @@ import subprocess
 import sys
 import time
 
-__all__ = ["COULD_NOT_RUN", "LOCAL_GRACE_S", "run_locally"]
+__all__ = ["LOCAL_GRACE_S", "VERDICTS", "run_locally"]
 
-COULD_NOT_RUN = 3  # dpro health's exit code for any error (0, 1 and 2 are verdicts)
+VERDICTS = (0, 1, 2)  # dpro health's exit codes that are verdicts (healthy, degraded, failed)
 LOCAL_GRACE_S = 30.0  # how long the other ranks may outlive rank 0 (or a failed rank)
 
 
-def run_locally(nproc: int, args: list[str]) -> int:
+def run_locally(nproc: int, args: list[str]) -> list[int]:
     """Start ``nproc`` processes of ``python -m dpro health ARGS`` as the ranks of a local job;
-    rank 0's exit code, or :data:`COULD_NOT_RUN` when any rank ended with another code."""
+    their exit codes, by rank (the others are stopped once rank 0 or a failed rank has ended and
+    :data:`LOCAL_GRACE_S` passed)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -28,7 +29,7 @@ def run_locally(nproc: int, args: list[str]) -> int:
                "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, "-m", "dpro", "health", *args], env=env))
     try:
-        while procs[0].poll() is None and all(p.poll() in (None, 0, 1, 2) for p in procs):
+        while procs[0].poll() is None and all(p.poll() in (None, *VERDICTS) for p in procs):
             time.sleep(0.1)
         deadline = time.monotonic() + LOCAL_GRACE_S  # the others finish with rank 0, or are stopped
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -38,5 +39,4 @@ def run_locally(nproc: int, args: list[str]) -> int:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    codes = [p.returncode for p in procs]
-    return codes[0] if all(c in (0, 1, 2) for c in codes) else COULD_NOT_RUN
+    return [p.returncode for p in procs]

@@ -218,6 +218,13 @@ class RunAnalysis:
         except TraceFormatError:
             return None
 
+    @cached_property
+    def derived_dir(self) -> Path:
+        return self.run.derived_dir()
+
+    def trace_cache_dir(self, rank: int) -> Path:
+        return self.derived_dir / "traces" / str(rank)
+
     def tables(self, rank: int) -> TraceTables:
         """One rank's trace as tables (decoded once, then read from the trace cache)."""
         path = self.run.trace_path(rank)

@@ -13,10 +13,12 @@ from typing import Any
 
 import click
 
-from dpro.anomaly.health.launch import COULD_NOT_RUN
 from dpro.cli import CONTEXT
 from dpro.errors import DproError
 
+
+
+COULD_NOT_RUN = 3  # any error, so that a wrapper never mistakes one for a verdict (0, 1, 2)
 
 
 class CouldNotRun(click.ClickException):
@@ -95,7 +97,8 @@ def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Pa
         from dpro.anomaly.health.launch import run_locally
 
         _preflight(out, db)  # the children would each fail alike, and later
-        ctx.exit(run_locally(nproc, sys.argv[2:]))
+        codes = run_locally(nproc, sys.argv[2:])
+        ctx.exit(codes[0] if all(c in (0, 1, 2) for c in codes) else COULD_NOT_RUN)
     ctx.exit(_run_as_rank(config, out, db))
 
 
