@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/dpro demo
 
 test: setup
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=40
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow"
