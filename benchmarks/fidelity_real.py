@@ -234,7 +234,7 @@ def measure_unthrottled_link(repeats: int = 3) -> float:
 
 
 def _measured_ms(analysis: RunAnalysis) -> float:
-    return float(np.mean(list(analysis.unprofiled_step_ns.values()))) / 1e6
+    return analysis.baseline_step_ns / 1e6
 
 
 def _noise_pct(analysis: RunAnalysis) -> float:

@@ -227,6 +227,13 @@ class DdpLayout:
                    static_graph=bool(entry.get("static_graph")),
                    find_unused_parameters=bool(entry.get("find_unused_parameters")))
 
+    @classmethod
+    def all_in(cls, meta: dict[str, Any]) -> list[DdpLayout]:
+        """The DistributedDataParallel modules of a rank's ``meta.json``; an entry whose
+        collection failed in the job (``{"error": ...}``) is left out."""
+        entries = meta.get("ddp") or []
+        return [cls.from_meta(e) for e in entries if isinstance(e, dict) and "bucket_cap_bytes" in e]
+
     @property
     def bucket_cap_mb(self) -> float:
         return self.bucket_cap_bytes / 2**20
@@ -267,9 +274,6 @@ class Run:
         path = self.rank_dir(rank) / META_FILE
         return read_json(path) if path.exists() else {}
 
-    def ddp_layouts(self, rank: int) -> list[DdpLayout]:
-        """The rank's DistributedDataParallel modules (``meta.json``'s ``ddp``), typed."""
-        return [DdpLayout.from_meta(entry) for entry in self.rank_meta(rank).get("ddp") or []]
 
     def trace_path(self, rank: int) -> Path | None:
         """The rank's Kineto trace, when it was written."""

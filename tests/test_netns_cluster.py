@@ -16,7 +16,7 @@ from dpro.run_format import open_run
 from tools.testing import netns
 from tools.testing.netns import NetnsCluster, can_build_namespaces, cleanup_stale, record_across_hosts
 
-from .conftest import EXAMPLE, SMALL_LM
+from .conftest import EXAMPLE, ROOT, SMALL_LM
 
 pytestmark = pytest.mark.privileged
 
@@ -137,7 +137,7 @@ def test_cleanup_stale_removes_what_a_killed_run_left() -> None:
               "    p = c.popen(1, ['sleep', '300'])\n"
               "    print(c.tag, p.pid, flush=True)\n"
               "    time.sleep(300)\n")
-    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)  # tools/
     tag, pid = owner.stdout.readline().split()
     cleanup_stale("dprocrash")  # its owner is alive: left alone
     assert len([n for n in netns_names() if n.startswith(tag)]) == 3

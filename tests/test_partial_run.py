@@ -54,6 +54,44 @@ def test_every_command_warns_of_a_partial_run_and_strict_refuses_it(partial_run:
     assert_one_line_error(dpro(command[0], partial_run, *command[1:], "--strict"), GAP, "--strict")
 
 
+@pytest.mark.parametrize("gap", ["no trace", "unreadable meta"])
+def test_a_rank_without_its_trace_or_metadata_is_warned_and_the_others_analysed(recorded_run: Path, tmp_path: Path,
+                                                                               gap: str) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    if gap == "no trace":
+        (run / "ranks" / "1" / "trace.json.gz").unlink()
+    else:
+        (run / "ranks" / "1" / "meta.json").write_text("{not json")
+    for command in (("replay", "--json"), ("whatif", "--fuse-ops", "--json")):
+        result = dpro(command[0], run, *command[1:])
+        assert result.returncode == 0, result.stderr
+        assert "Warning: partial run" in result.stderr and "rank 1" in result.stderr
+        ranks = [r["rank"] for r in json.loads(result.stdout)["per_rank"]]
+        assert ranks == ([0] if gap == "no trace" else [0, 1]), ranks
+    assert_one_line_error(dpro("replay", run, "--strict"), "rank 1")
+
+
+def test_a_whole_run_of_one_rank_has_nothing_unclosed() -> None:
+    """A collective whose group is one rank closes alone: no warning on a whole run (a real
+    1-rank H100 trace, whose 15 all-reduces no other rank matches)."""
+    from .conftest import ROOT
+
+    result = dpro("replay", ROOT / "tests" / "data" / "runs" / "h100-ddp-1rank", "--json")
+    assert result.returncode == 0 and "Warning" not in result.stderr, result.stderr
+    assert json.loads(result.stdout)["unclosed_collectives"] == []
+
+
+def test_a_ddp_entry_whose_collection_failed_is_left_out(recorded_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    for rank in (0, 1):
+        meta = run / "ranks" / str(rank) / "meta.json"
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "ddp": [{"error": "AttributeError: gone"}]}))
+    assert dpro("replay", run).returncode == 0
+    assert_one_line_error(dpro("whatif", run, "--bucket-cap-mb", "1"), "no DDP bucket layout")
+
+
 def test_the_replay_names_the_collectives_it_could_not_close(partial_run: Path, recorded_run: Path) -> None:
     unclosed = json.loads(dpro("replay", partial_run, "--json").stdout)["unclosed_collectives"]
     assert unclosed and {u["rank"] for u in unclosed} == {0} and "all_reduce" in {u["coll"] for u in unclosed}

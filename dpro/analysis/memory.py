@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.run_format import BACKWARD_EVENT_PREFIX, DdpLayout
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.stages import BACKWARD_RANGE, PIPELINE_STARTS
@@ -59,7 +59,7 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
         held = meta.get("memory")
         if not isinstance(held, dict) or "parameters_bytes" not in held:
             continue
-        ddp = [d for d in analysis.run.ddp_layouts(rank) if d.buckets]
+        ddp = [d for d in DdpLayout.all_in(meta) if d.buckets]
         added, device, activations = _step_memory(analysis, rank)
         found[rank] = RankMemory(
             int(held["parameters_bytes"]), int(held["gradients_bytes"]),

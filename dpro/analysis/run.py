@@ -49,6 +49,7 @@ from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.breakdown import mean_breakdown
 from dpro.replayer.result import Replay
+import dpro.run_format
 from dpro.run_format import DdpLayout, Run, open_run
 from dpro.stats import job_mean
 
@@ -96,8 +97,15 @@ class RunAnalysis:
 
     @cached_property
     def metas(self) -> dict[int, dict[str, Any]]:
-        """Each rank's ``meta.json``."""
-        return {r: self.run.rank_meta(r) for r in self.ranks}
+        """Each rank's ``meta.json`` (``{}`` where it is missing or unreadable: a partial run,
+        which :meth:`dpro.run_format.Run.gaps` says)."""
+        out = {}
+        for r in self.ranks:
+            try:
+                out[r] = self.run.rank_meta(r)
+            except dpro.run_format.RunFormatError:
+                out[r] = {}
+        return out
 
     @cached_property
     def parallelism(self) -> Parallelism:
@@ -176,15 +184,20 @@ class RunAnalysis:
 
     @property
     def has_traces(self) -> bool:
-        """Whether every rank wrote a trace (what the graph needs)."""
-        return bool(self.ranks) and all(self.run.trace_path(r) is not None for r in self.ranks)
+        """Whether some rank wrote a trace (the graph is built over the ranks that did)."""
+        return bool(self.traced_ranks)
+
+    @cached_property
+    def traced_ranks(self) -> list[int]:
+        """The ranks that wrote a trace: those the graph is made of (the others are a partial
+        run's gap, :meth:`dpro.run_format.Run.gaps`)."""
+        return [r for r in self.ranks if self.run.trace_path(r) is not None]
 
     @cached_property
     def ddp_layout(self) -> DdpLayout | None:
-        """The job's first DistributedDataParallel module as the lowest rank recorded it (caps,
-        flags, hook, buckets); None when the job used no DDP."""
-        layouts = self.run.ddp_layouts(min(self.ranks)) if self.ranks else []
-        return layouts[0] if layouts else None
+        """The job's first DistributedDataParallel module as the lowest rank that recorded one
+        recorded it (caps, flags, hook, buckets); None when the job used no DDP."""
+        return next((layouts[0] for r in self.ranks if (layouts := DdpLayout.all_in(self.metas[r]))), None)
 
     def bucket_bytes(self) -> list[int]:
         """Bytes of each DDP gradient bucket, in the order they are all-reduced (from the lowest
@@ -237,7 +250,7 @@ class RunAnalysis:
         """Each rank's collective log (``collectives.json``), used only where every rank has one:
         a rank without it would name its groups apart from the others' and match none of their
         collectives, so all ranks are then matched as a run without logs is."""
-        paths = {r: self.run.collective_log_path(r) for r in self.ranks}
+        paths = {r: self.run.collective_log_path(r) for r in self.traced_ranks}
         return paths if all(paths.values()) else dict.fromkeys(paths)
 
     def _reduce(self, ranks: list[int], steps: list[int] | None) -> dict[int, RankReduction]:
@@ -250,11 +263,9 @@ class RunAnalysis:
     def reductions(self) -> dict[int, RankReduction]:
         """The per-rank stage: every rank's reduction (:mod:`dpro.graph.reduction`), each typical
         step made of the steps all ranks profiled; computed each time it is called."""
-        missing = [r for r in self.ranks if self.run.trace_path(r) is None]
-        if not self.ranks or missing:
-            raise GraphError(f"{self.root}: no trace for rank(s) {missing or 'any'}; "
-                             "was the profiling window reached?")
-        reductions = self._reduce(self.ranks, None)
+        if not self.traced_ranks:
+            raise GraphError(f"{self.root}: no rank wrote a trace; was the profiling window reached?")
+        reductions = self._reduce(self.traced_ranks, None)
         common = common_steps({r: rd.steps for r, rd in reductions.items()})
         kept = [s for s in common if s not in set(self.stalled_steps)] or common
         redo = [r for r, rd in reductions.items() if rd.step.steps != kept]
