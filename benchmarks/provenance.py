@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def provenance() -> dict[str, Any]:
     """``date`` (UTC), ``commit`` (with ``uncommitted`` changes or not) and ``machine``: cores,
     memory, CPU model and, where ``nvidia-smi`` answers, the GPUs."""
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _git("rev-parse", "--short", "HEAD"),
-            "uncommitted": bool(_git("status", "--porcelain", "--untracked-files=no")), "machine": machine()}
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted": bool(git("status", "--porcelain", "--untracked-files=no")), "machine": machine()}
 
 
 def machine() -> dict[str, Any]:
@@ -34,7 +34,8 @@ def machine() -> dict[str, Any]:
             "gpus": [g.strip() for g in gpus if g.strip()]}
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
+    """``git ARGS`` in the repository, its output stripped; "" where git is missing or fails."""
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):

@@ -6,9 +6,10 @@ measured on. ``tools/docs_hooks.py`` renders it when MkDocs builds the site;
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from benchmarks.provenance import git
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -68,12 +69,8 @@ def _cell(value: Any) -> str:
 
 def _added_in(path: Path) -> str:
     """The commit that added ``path`` (its results were committed with the code they measured)."""
-    try:
-        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h", "--", str(path)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=30).stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out[-1] if out else ""
+    commits = git("log", "--diff-filter=A", "--format=%h", "--", str(path)).split()
+    return commits[-1] if commits else ""
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ class RunView:
 
     def prepare(self) -> "RunView":
         """Compute what the pages show (a part that cannot be had is noted in :attr:`missing`)."""
-        self.gaps = self.analysis.run.gaps()
+        self.gaps = self.analysis.run.gaps
         if not self.analysis.has_traces:
             self.no_replay = ("traces: no rank wrote one (was the profiling window reached?), so there is no "
                               "timeline, replay, breakdown or what-if")

@@ -33,6 +33,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -326,11 +327,17 @@ class Run:
         df["dur_ns"] = df["end_ns"] - df["start_ns"]
         return df[["step", "start_ns", "end_ns", "dur_ns", "phase"]]
 
+    @cached_property
+    def traced_ranks(self) -> list[int]:
+        """The ranks that wrote a trace."""
+        return [r for r in self.ranks if self.trace_path(r) is not None]
+
+    @cached_property
     def gaps(self) -> list[str]:
         """What this run lacks that a whole recording holds, one line each (empty when whole):
         ranks of the job (``world_size`` in the ranks' metadata) that wrote nothing, ranks whose
-        ``meta.json`` is missing or unreadable, ranks without the trace the others wrote. Cheap:
-        no trace is decoded."""
+        ``meta.json`` is missing or unreadable, ranks without the trace the others wrote. Cheap
+        (no trace is decoded) and read once per opened run."""
         ranks, metas, gaps = self.ranks, {}, []
         for r in ranks:
             try:
@@ -342,7 +349,7 @@ class Run:
         absent = sorted(set(range(world)) - set(ranks))
         if absent:
             gaps.insert(0, f"{_rank_list(absent)} of the job's {world} wrote nothing")
-        traced = [r for r in ranks if self.trace_path(r) is not None]
+        traced = self.traced_ranks
         if traced and len(traced) < len(ranks):
             gaps.append(f"{_rank_list(sorted(set(ranks) - set(traced)))} wrote no trace ({_rank_list(traced)} did)")
         return gaps

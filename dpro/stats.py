@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAD_SCALE", "job_mean", "robust_spread", "robust_z"]
+__all__ = ["MAD_SCALE", "job_mean", "robust_spread", "robust_z", "timed_ranks"]
 
 MAD_SCALE = 1.4826
 """``1 / Φ⁻¹(3/4)``: the MAD of a normal distribution times this is its standard deviation."""
@@ -44,3 +44,9 @@ def job_mean(per_rank: dict[int, float], ranks: list[int] | None = None) -> floa
     command turns ranks' step times into the job's."""
     present = [per_rank[r] for r in (per_rank if ranks is None else ranks) if per_rank[r] == per_rank[r]]
     return float(np.mean(present)) if present else float("nan")
+
+
+def timed_ranks(measured: dict[int, float], ranks: list[int]) -> list[int]:
+    """The ranks of ``ranks`` with a measured step (not NaN), or all of them where none has one:
+    those a job's figures are taken over, so that predicted and measured cover the same ranks."""
+    return [r for r in ranks if measured[r] == measured[r]] or ranks

@@ -14,7 +14,7 @@ from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.breakdown import breakdown, rank_critical_path
 from dpro.replayer.cost import fit_link_model
 from dpro.replayer.result import Replay
-from dpro.stats import job_mean
+from dpro.stats import job_mean, timed_ranks
 
 
 def comparison(graph: DataflowGraph, result: Replay, measured_ns: dict[int, float],
@@ -36,7 +36,7 @@ def comparison(graph: DataflowGraph, result: Replay, measured_ns: dict[int, floa
                  "error_pct": error(result.step_ns[r], measured_ns[r]), "profiled_step_ms": ms(profiled_ns[r]),
                  "profiler_slowdown": None if measured_ns[r] != measured_ns[r] else profiled_ns[r] / measured_ns[r]}
                 for r in ranks]
-    timed = [r for r in ranks if measured_ns[r] == measured_ns[r]] or ranks  # the job's figures over the same ranks
+    timed = timed_ranks(measured_ns, ranks)
     measured, predicted = job_mean(measured_ns, timed), job_mean(result.step_ns, timed)
     profiled = job_mean(profiled_ns, timed)
     return {"measured_step_ms": ms(measured), "predicted_step_ms": predicted / 1e6,

@@ -98,7 +98,7 @@ class RunAnalysis:
     @cached_property
     def metas(self) -> dict[int, dict[str, Any]]:
         """Each rank's ``meta.json`` (``{}`` where it is missing or unreadable: a partial run,
-        which :meth:`dpro.run_format.Run.gaps` says)."""
+        which :attr:`dpro.run_format.Run.gaps` says)."""
         out = {}
         for r in self.ranks:
             try:
@@ -187,11 +187,11 @@ class RunAnalysis:
         """Whether some rank wrote a trace (the graph is built over the ranks that did)."""
         return bool(self.traced_ranks)
 
-    @cached_property
+    @property
     def traced_ranks(self) -> list[int]:
         """The ranks that wrote a trace: those the graph is made of (the others are a partial
-        run's gap, :meth:`dpro.run_format.Run.gaps`)."""
-        return [r for r in self.ranks if self.run.trace_path(r) is not None]
+        run's gap, :attr:`dpro.run_format.Run.gaps`)."""
+        return self.run.traced_ranks
 
     @cached_property
     def ddp_layout(self) -> DdpLayout | None:
@@ -347,6 +347,13 @@ class RunAnalysis:
     def replay(self) -> Replay:
         """The replay of the recorded graph (stored beside it)."""
         return self._replay
+
+    def unclosed_collectives(self) -> pd.DataFrame:
+        """The collectives of a partial run that no other rank closed (:meth:`DataflowGraph.unclosed`);
+        empty for a whole run, where an unmatched collective is one of a group of one rank, which
+        closes alone."""
+        unclosed = self.graph.unclosed()
+        return unclosed if self.run.gaps else unclosed.iloc[:0]
 
     def critical_path_breakdown(self) -> dict[str, float]:
         """Mean ms of the critical path's span and of each category

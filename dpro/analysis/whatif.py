@@ -76,7 +76,7 @@ import pandas as pd
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
 from dpro.run_format import BACKWARD_EVENT_PREFIX, DdpLayout
-from dpro.stats import job_mean
+from dpro.stats import job_mean, timed_ranks
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
@@ -230,7 +230,7 @@ class Prediction:
             changed = {r: ns * factor for r, ns in changed.items()}
         baseline = analysis.unprofiled_step_ns
         ranks = sorted(changed)
-        timed = [r for r in ranks if baseline[r] == baseline[r]] or ranks  # the job's figures over the same ranks
+        timed = timed_ranks(baseline, ranks)
         anchored = {r: baseline[r] * changed[r] / replayed[r] if baseline[r] == baseline[r] else changed[r]
                     for r in ranks}
         per_rank = [{"rank": r, "baseline_step_ms": _ms(baseline[r]), "replayed_step_ms": replayed[r] / 1e6,

@@ -17,7 +17,7 @@ STRICT = "dpro.strict"  # ctx.meta's key: --strict was given
 
 class RunDirectory(click.ParamType):
     """A run directory, opened (and checked) once: the command receives a
-    :class:`dpro.run_format.Run`. A partial run (:meth:`~dpro.run_format.Run.gaps`) is a warning
+    :class:`dpro.run_format.Run`. A partial run (:attr:`~dpro.run_format.Run.gaps`) is a warning
     on stderr, or this parameter's error under ``--strict`` (:func:`strict_option`)."""
 
     name = "RUN"
@@ -54,7 +54,7 @@ def strict_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def say_gaps(run: Any, strict: bool) -> None:
     """Warn on stderr that ``run`` is partial, naming what it lacks; a one-line error if ``strict``."""
-    gaps = run.gaps()
+    gaps = run.gaps
     if not gaps:
         return
     text = f"partial run {run.root}: {'; '.join(gaps)}"

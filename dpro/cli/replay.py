@@ -30,7 +30,7 @@ def replay(run: Any, as_json: bool, export: Path | None, no_align: bool, schedul
 
     analysis = open_analysis(run, scheduler, workers, align=not no_align)
     graph, result = analysis.graph, analysis.replay()
-    unclosed = graph.unclosed() if run.gaps() else graph.unclosed().iloc[:0]  # a group of one rank closes alone
+    unclosed = analysis.unclosed_collectives()
     summary = {**comparison(graph, result, analysis.unprofiled_step_ns, analysis.profiled_step_ns),
                "window": window_check(analysis),
                "unclosed_collectives": [{k: (int(v) if k in ("rank", "count") else v) for k, v in row.items()}
