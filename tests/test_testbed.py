@@ -42,7 +42,8 @@ def test_custom_op_job_records_with_the_op_on_the_critical_path(tmp_path):
     held = events[events["name"] == "dpro_testbed::hold"].groupby("step")["dur_ns"]
     assert (held.count() == len(spec.layers)).all() and len(held) == 2
     expected_ns = 1e3 * sum(l.forward_fixed_us + l.forward_per_sample_us * spec.batch for l in spec.layers)
-    assert held.sum().to_numpy() == pytest.approx([expected_ns] * 2, rel=0.1)
+    # a sleep overshoots a little, more under load (CI saw +11%); it never ends early
+    assert ((held.sum() >= 0.95 * expected_ns) & (held.sum() <= 1.3 * expected_ns)).all(), (held.sum(), expected_ns)
 
 
 def test_the_tensor_parallel_form_holds_each_layer_split_over_its_group(tmp_path):
