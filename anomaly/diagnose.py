@@ -13,7 +13,7 @@ from dpro.anomaly.fabric.topology import hosts as topology_hosts
 from dpro.anomaly.fabric.topology import read_topology
 from dpro.analysis import RunAnalysis
 from dpro.anomaly.run import nodes, stragglers
-from dpro.anomaly.run.connections import connection_suspects
+from dpro.anomaly.run.traffic_matrix import connection_suspects
 from dpro.anomaly.suspects import Suspect, strongest
 
 __all__ = ["diagnose"]
@@ -25,7 +25,7 @@ def diagnose(run: RunAnalysis | None = None, probe_matrix: Any = None, topology:
     ``run``: the run model of a recorded run (:class:`dpro.analysis.RunAnalysis`): compute
     stragglers and slow transfers from the collectives matched across its traces, ranks with
     slow steps from its step times, hosts whose share of the job's own TCP traffic was slow
-    (:mod:`dpro.anomaly.run.connections`), devices whose fault counters went up and GPUs that
+    (:mod:`dpro.anomaly.run.traffic_matrix`), devices whose fault counters went up and GPUs that
     throttled (:mod:`dpro.anomaly.run.nodes`). ``probe_matrix``: pairwise probes
     (:class:`dpro.anomaly.fabric.probes.Probes`, an ``n × n`` bandwidth matrix whose hosts are
     the topology's, or a file for :func:`dpro.anomaly.fabric.probes.read_probes`).

@@ -49,6 +49,7 @@ import weakref
 from typing import Any, Callable
 
 from dpro.collectors.metadata import first_bucket_cap
+from dpro.comm_hooks import POWERSGD
 
 ENV_APPLY = "DPRO_APPLY"
 CONSTRUCTOR_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DistributedDataParallel's arguments
@@ -250,7 +251,7 @@ class Applier:
             return
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-        if name == "powersgd":
+        if name == POWERSGD:
             import torch.distributed as dist
 
             if dist.get_backend(module.process_group) == "gloo" and _several_buckets(module):
@@ -264,8 +265,7 @@ class Applier:
             module.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
             self.applied.append(f"comm_hook=powersgd (rank {rank})")
         else:
-            module.register_comm_hook(None, {"fp16": default_hooks.fp16_compress_hook,
-                                             "bf16": default_hooks.bf16_compress_hook}[name])
+            module.register_comm_hook(None, getattr(default_hooks, f"{name}_compress_hook"))
             self.applied.append(f"comm_hook={name}")
 
 

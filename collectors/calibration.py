@@ -47,6 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 from dpro.collectors.link_rate import ring_streams
+from dpro.comm_hooks import CAST_HOOKS, POWERSGD_MATMUL
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 SIZES = [4096 * 4 ** k for k in range(9)]  # 4 KiB .. 256 MiB; cut by MAX_BYTES
@@ -403,7 +404,8 @@ def _compression(torch: Any, group_size: int, on: Device) -> dict[str, list[dict
     after the all-reduce (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``); and
     the matrix products of its PowerSGD hook (``matmul``)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+    for name, dtype_name in CAST_HOOKS.items():
+        dtype = getattr(torch, dtype_name)
         rows = []
         for nbytes in COMPRESSION_SIZES:
             bucket = on.zeros(torch, nbytes // 4)
@@ -414,7 +416,7 @@ def _compression(torch: Any, group_size: int, on: Device) -> dict[str, list[dict
 
             rows.append({"bytes": nbytes, "times_ns": _timed(hook, REPEATS)})
         out[name] = rows
-    out["matmul"] = _matmul_rate(torch, on)
+    out[POWERSGD_MATMUL] = _matmul_rate(torch, on)
     return out
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
 
-from dpro.dashboard.timeline import KINDS, Lanes, visible_ops
+from dpro.dashboard.timeline_data import KINDS, Lanes, visible_ops
 
 __all__ = ["chrome_trace", "op_details"]
 

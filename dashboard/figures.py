@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dpro.dashboard.timeline import KINDS, Lanes, View
+from dpro.dashboard.timeline_data import KINDS, Lanes, View
 
 __all__ = ["heatmap_figure", "step_figure", "timeline_figure", "topology_figure", "trend_figure", "verdict_figure"]
 

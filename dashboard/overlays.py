@@ -1,6 +1,6 @@
 """What the timeline draws over the ops: collectives linked across ranks, and the critical path.
 
-Both are computed once per run and kept as rows of :class:`~dpro.dashboard.timeline.Lanes`:
+Both are computed once per run and kept as rows of :class:`~dpro.dashboard.timeline_data.Lanes`:
 
 - :func:`collective_links`: each matched collective instance
   (:attr:`dpro.analysis.RunAnalysis.collectives`) is the op of its rank that starts when the
@@ -20,7 +20,7 @@ import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
 
-from dpro.dashboard.timeline import COLLECTIVE, KINDS, Lanes
+from dpro.dashboard.timeline_data import COLLECTIVE, KINDS, Lanes
 
 __all__ = ["collective_links", "critical_ops", "occurrences"]
 

@@ -26,14 +26,14 @@ from dpro.analysis.window import window_check
 from dpro.anomaly.diagnose import diagnose
 from dpro.anomaly.fabric.probes import Probes, read_probes
 from dpro.anomaly.fabric.topology import read_topology
-from dpro.anomaly.run.connections import connection_rates, host_rates
+from dpro.anomaly.run.traffic_matrix import connection_rates, host_rates
 from dpro.anomaly.run.nodes import gpu_samples
 from dpro.anomaly.suspects import Suspect
 from dpro.errors import DproError
 from dpro.replayer.breakdown import breakdown
 
 from dpro.dashboard.overlays import collective_links, critical_ops, occurrences
-from dpro.dashboard.timeline import Lanes, build_lanes
+from dpro.dashboard.timeline_data import Lanes, build_lanes
 
 __all__ = ["NO_REPORT", "Extras", "RunView"]
 

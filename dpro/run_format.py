@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpro.errors import DproError
+from dpro.run_records import Calibration, RankMeta
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +47,9 @@ FORMAT_NAME = "dpro-run"
 FORMAT_VERSION = "1.2"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
+DPRO_PHASES = ("warmup", "shapes", "export")
+"""Phases of ``steps.csv`` whose extra time is dpro's own: the profiler's warm-up, the step
+profiled with shapes, and (format 1.0) the step that exported the trace."""
 
 # file names inside a rank's and a node's directory
 META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE, ERRORS_FILE, CALIBRATION_FILE = (
@@ -54,6 +58,7 @@ SHAPES_TRACE_FILE = "trace-shapes.json.gz"
 COLLECTIVES_FILE = "collectives.json"
 NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start.json", "counters-end.json"
 GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
+CONNECTION_LIMITED_COLUMNS = ("rwnd_limited_ms", "sndbuf_limited_ms")
 NCCL_LOG_PATTERN = "%h.%p.log"  # NCCL_DEBUG_FILE: NCCL replaces %h by the host and %p by the pid
 DERIVED = "derived"
 # the profiler events of autograd's backward functions (and every event nested in them) cost
@@ -169,86 +174,6 @@ def create_manifest(root: Path, manifest: dict[str, Any]) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-# --- typed records ---------------------------------------------------------------------------
-
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024
-"""``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: DDP's first bucket cap unless
-``bucket_cap_mb`` is given (torch 2.13), and what runs recorded before ``first_bucket_bytes_cap``
-was (format 1.0) are read with."""
-
-
-@dataclass(frozen=True)
-class DdpParam:
-    """A parameter in a DDP bucket: its name, shape and elements."""
-
-    name: str
-    numel: int
-    shape: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class DdpBucket:
-    """One of DDP's gradient buckets, in reduction order."""
-
-    index: int
-    numel: int
-    nbytes: int
-    dtype: str
-    params: tuple[DdpParam, ...]
-
-
-@dataclass(frozen=True)
-class DdpLayout:
-    """A DistributedDataParallel module as ``meta.json``'s ``ddp`` entry records it: its caps,
-    flags, communication hook and buckets (empty where they were not recorded). Read with
-    :meth:`from_meta`, the one place that knows the entry's older forms."""
-
-    module: str
-    bucket_cap_bytes: int
-    first_bucket_bytes_cap: int
-    buckets: tuple[DdpBucket, ...] = ()
-    comm_hook: str | None = None
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    find_unused_parameters: bool = False
-
-    @classmethod
-    def from_meta(cls, entry: dict[str, Any]) -> DdpLayout:
-        """The layout of one ``ddp`` entry; an entry without ``first_bucket_bytes_cap`` (format
-        1.0) has DDP's default first cap."""
-        buckets = tuple(
-            DdpBucket(int(b.get("index", i)), int(b.get("numel", 0)), int(b.get("bytes", 0)), str(b.get("dtype") or "float32"),
-                      tuple(DdpParam(str(p["name"]), int(p.get("numel", 0)), tuple(int(d) for d in p.get("shape") or ()))
-                            for p in b.get("params") or ()))
-            for i, b in enumerate(entry.get("buckets") or ()))
-        return cls(module=str(entry.get("module") or ""), bucket_cap_bytes=int(entry["bucket_cap_bytes"]),
-                   first_bucket_bytes_cap=int(entry.get("first_bucket_bytes_cap") or DDP_FIRST_BUCKET_BYTES),
-                   buckets=buckets, comm_hook=entry.get("comm_hook") or None,
-                   gradient_as_bucket_view=bool(entry.get("gradient_as_bucket_view")),
-                   static_graph=bool(entry.get("static_graph")),
-                   find_unused_parameters=bool(entry.get("find_unused_parameters")))
-
-    @classmethod
-    def all_in(cls, meta: dict[str, Any]) -> list[DdpLayout]:
-        """The DistributedDataParallel modules of a rank's ``meta.json``; an entry whose
-        collection failed in the job (``{"error": ...}``) is left out."""
-        entries = meta.get("ddp") or []
-        return [cls.from_meta(e) for e in entries if isinstance(e, dict) and "bucket_cap_bytes" in e]
-
-    @property
-    def bucket_cap_mb(self) -> float:
-        return self.bucket_cap_bytes / 2**20
-
-    @property
-    def first_bucket_mb(self) -> float:
-        return self.first_bucket_bytes_cap / 2**20
-
-    @property
-    def bucket_bytes(self) -> list[int]:
-        """Bytes of each bucket, in reduction order."""
-        return [b.nbytes for b in self.buckets]
-
-
 # --- reading -----------------------------------------------------------------------------------
 
 
@@ -270,10 +195,11 @@ class Run:
     def rank_dir(self, rank: int) -> Path:
         return rank_dir(self.root, rank)
 
-    def rank_meta(self, rank: int) -> dict[str, Any]:
-        """The rank's ``meta.json``, or ``{}`` when the rank wrote none."""
+    def rank_meta(self, rank: int) -> RankMeta:
+        """The rank's ``meta.json`` (not ``present`` when the rank wrote none); an unreadable
+        one raises :class:`RunFormatError`."""
         path = self.rank_dir(rank) / META_FILE
-        return read_json(path) if path.exists() else {}
+        return RankMeta.from_json(read_json(path)) if path.exists() else RankMeta()
 
 
     def trace_path(self, rank: int) -> Path | None:
@@ -301,10 +227,10 @@ class Run:
         path = self.rank_dir(rank) / CLOCK_FILE
         return int((read_json(path).get("offset_ns") if path.exists() else None) or 0)
 
-    def calibration(self, rank: int) -> dict[str, Any]:
-        """The rank's ``calibration.json`` (``{}`` when it was not calibrated)."""
+    def calibration(self, rank: int) -> Calibration:
+        """The rank's ``calibration.json`` (empty when it was not calibrated)."""
         path = self.rank_dir(rank) / CALIBRATION_FILE
-        return read_json(path) if path.exists() else {}
+        return Calibration.from_json(read_json(path)) if path.exists() else Calibration()
 
     def steps(self, rank: int) -> pd.DataFrame:
         """Every step the rank timed: ``step`` (int64), ``start_ns``, ``end_ns`` (Int64, epoch ns;
@@ -344,8 +270,8 @@ class Run:
                 metas[r] = self.rank_meta(r)
             except RunFormatError:
                 gaps.append(f"rank {r}'s {META_FILE} is unreadable")
-        gaps += [f"rank {r} wrote no {META_FILE}" for r in ranks if metas.get(r) == {}]
-        world = max((int(m.get("world_size") or 0) for m in metas.values() if isinstance(m, dict)), default=0)
+        gaps += [f"rank {r} wrote no {META_FILE}" for r in ranks if r in metas and not metas[r].present]
+        world = max((m.world_size or 0 for m in metas.values()), default=0)
         absent = sorted(set(range(world)) - set(ranks))
         if absent:
             gaps.insert(0, f"{_rank_list(absent)} of the job's {world} wrote nothing")
@@ -378,8 +304,11 @@ class Run:
 
     def connection_samples(self) -> list[tuple[str, pd.DataFrame]]:
         """Each node's samples of the job's TCP connections (``ss``, ``connections.csv``) with its
-        host; nodes without any left out."""
-        return self._node_samples(CONNECTIONS_FILE)
+        host; nodes without any left out. The time the receiver's window or the send buffer
+        held a connection back (``rwnd_limited_ms``, ``sndbuf_limited_ms``) is 0 where ``ss``
+        printed none, and in runs recorded before dpro sampled it."""
+        return [(host, frame.assign(**{c: frame[c].fillna(0) if c in frame else 0 for c in CONNECTION_LIMITED_COLUMNS}))
+                for host, frame in self._node_samples(CONNECTIONS_FILE)]
 
     def _node_samples(self, name: str) -> list[tuple[str, pd.DataFrame]]:
         import pandas as pd

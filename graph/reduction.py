@@ -19,7 +19,7 @@ import pandas as pd
 
 import dataclasses
 
-from dpro.graph.collective_log import label, read_log
+from dpro.graph.collective_labels import label, read_log
 from dpro.graph.kineto import TraceTables, load_trace
 from dpro.graph.matching import rank_instances
 from dpro.graph.typical import RankStep, typical_step
@@ -47,7 +47,7 @@ class RankReduction:
 def reduce_tables(tables: TraceTables, rank: int, steps: list[int] | None = None,
                   log: dict | None = None) -> RankReduction:
     """Reduce one rank's trace tables; the typical step is made of ``steps`` (default: all).
-    ``log``: the rank's collective log (:mod:`dpro.graph.collective_log`), which labels the
+    ``log``: the rank's collective log (:mod:`dpro.graph.collective_labels`), which labels the
     groups and peers a CPU trace does not name."""
     tables = dataclasses.replace(tables, events=label(tables.events, log))
     instances = rank_instances(tables.events, rank)

@@ -48,10 +48,11 @@ import math
 from typing import Any
 
 from dpro.analysis.fsdp import parse_mesh
+from dpro.comm_hooks import CAST_HOOKS, POWERSGD
 from dpro.analysis.tensor_parallel import parameter_ratio, parse_tp_mesh
 from dpro.analysis.memory import RankMemory
 from dpro.analysis.parallelism import Parallelism
-from dpro.run_format import DdpLayout
+from dpro.run_records import DdpLayout
 from dpro.replayer.pipeline import in_flight, schedule_name
 
 from dpro.optimizer.passes.checkpointing import job_block_lists
@@ -170,9 +171,9 @@ def _rank_bytes(settings: dict[str, Any], m: RankMemory, layout: DdpLayout | Non
         total -= m.buckets_bytes
     buckets = layout.bucket_bytes if layout else []
     hook = settings.get("comm_hook")
-    if hook in ("fp16", "bf16") and buckets:
+    if hook in CAST_HOOKS and buckets:
         total += max(buckets) // 2
-    elif hook == "powersgd":
+    elif hook == POWERSGD:
         total += m.buckets_bytes
         rank = int(settings["powersgd_rank"])
         for bucket in layout.buckets if layout else ():

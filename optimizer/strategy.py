@@ -68,12 +68,12 @@ from typing import Any
 
 from dpro.analysis.whatif import Change
 from dpro.collectors.apply import CODE_CHANGES
+from dpro.comm_hooks import CAST_HOOKS, HOOKS, POWERSGD, compress_flag
 from dpro.errors import DproError
 from dpro.replayer.pipeline import SCHEDULES
 
 __all__ = ["HOOKS", "SETTINGS", "Strategy", "StrategyError", "read_strategy"]
 
-HOOKS = ("fp16", "bf16", "powersgd")
 SETTINGS = ("bucket_cap_mb", "first_bucket_mb", "comm_hook", "powersgd_rank", "gradient_as_bucket_view",
             "static_graph", "activation_checkpointing", "gradient_accumulation", "torch_compile",
             "reshard_after_forward", "fsdp_forward_prefetch", "fsdp_merge_units", "fsdp_mesh", "tp_mesh",
@@ -106,7 +106,7 @@ class Strategy:
             parts.append(f"first-bucket-{self.settings['first_bucket_mb']:g}mb")
         hook = self.settings.get("comm_hook")
         if hook:
-            parts.append(f"powersgd-{self.settings['powersgd_rank']}" if hook == "powersgd" else hook)
+            parts.append(f"{POWERSGD}-{self.settings['powersgd_rank']}" if hook == POWERSGD else hook)
         if self.settings.get("gradient_as_bucket_view"):
             parts.append("grad-as-bucket-view")
         if self.settings.get("static_graph"):
@@ -147,7 +147,7 @@ class Strategy:
     def change(self) -> Change:
         """The configuration :func:`dpro.analysis.whatif.predict` predicts."""
         hook = self.settings.get("comm_hook")
-        compress = f"powersgd:{self.settings['powersgd_rank']}" if hook == "powersgd" else hook
+        compress = compress_flag(hook, self.settings.get("powersgd_rank")) if hook else None
         return Change(bucket_cap_mb=self.settings.get("bucket_cap_mb"),
                       first_bucket_mb=self.settings.get("first_bucket_mb"), compress=compress,
                       recompute_forward=bool(self.settings.get("activation_checkpointing")) or None,
@@ -208,10 +208,10 @@ class Strategy:
         if self.settings.get("torch_compile"):
             lines.append("model = torch.compile(model)  # the DistributedDataParallel module, after DDP wraps it")
         hook = self.settings.get("comm_hook")
-        if hook in ("fp16", "bf16"):
+        if hook in CAST_HOOKS:
             lines += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
                       f"model.register_comm_hook(None, default_hooks.{hook}_compress_hook)"]
-        elif hook == "powersgd":
+        elif hook == POWERSGD:
             lines += ["from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook",
                       "state = powerSGD_hook.PowerSGDState(process_group=None, "
                       f"matrix_approximation_rank={self.settings['powersgd_rank']}, start_powerSGD_iter=2)",
@@ -246,7 +246,7 @@ def validate(settings: dict[str, Any]) -> None:
     if hook is not None and hook not in HOOKS:
         raise StrategyError(f"comm_hook must be one of {', '.join(HOOKS)}, not {hook!r}")
     rank = settings.get("powersgd_rank")
-    if (hook == "powersgd") != (rank is not None):
+    if (hook == POWERSGD) != (rank is not None):
         raise StrategyError("powersgd_rank goes with comm_hook powersgd, and only with it")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
         raise StrategyError(f"powersgd_rank must be a positive integer, not {rank!r}")

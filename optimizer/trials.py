@@ -110,7 +110,7 @@ def _run_one(command: list[str], trial: Trial, out: Path, steps: int, timeout_s:
         done = _timed(run, needed)
         exited = job.poll()
         _stop(job)
-    trial.left_out += [x for r in run.ranks for x in (run.rank_meta(r).get("applied") or {}).get("left_out", [])
+    trial.left_out += [x for r in run.ranks for x in run.rank_meta(r).applied.left_out
                        if x not in trial.left_out]
     if done:
         trial.measured_ms.append(_figure(run, needed))
@@ -125,7 +125,7 @@ def _timed(run: Run, needed: int) -> bool:
     """Whether every rank of the job has timed ``needed`` steps."""
     try:
         ranks = run.ranks
-        world = max((int(run.rank_meta(r).get("world_size") or 0) for r in ranks), default=0)
+        world = max((run.rank_meta(r).world_size or 0 for r in ranks), default=0)
         return bool(ranks) and len(ranks) >= world and all(len(run.steps(r)) >= needed for r in ranks)
     except (DproError, ValueError):  # a file being written: not yet
         return False

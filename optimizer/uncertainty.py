@@ -19,6 +19,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from dpro.comm_hooks import POWERSGD
 from dpro.optimizer.strategy import Strategy
 
 __all__ = ["Interval", "interval", "intervals_source", "families_of"]
@@ -65,7 +66,7 @@ def families_of(strategy: Strategy) -> tuple[str, ...] | None:
         families.append("first bucket")
     hook = settings.get("comm_hook")
     if hook:  # bf16 halves the bytes as fp16 does: fp16's cases stand for it
-        families.append("powersgd" if hook == "powersgd" else "fp16")
+        families.append(POWERSGD if hook == POWERSGD else "fp16")
     if settings.get("gradient_accumulation"):
         families.append("accumulation")
     return tuple(families)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from dpro.run_format import DDP_FIRST_BUCKET_BYTES as FIRST_BUCKET_BYTES, DdpLayout
+from dpro.run_records import DDP_FIRST_BUCKET_BYTES as FIRST_BUCKET_BYTES, DdpLayout
 
 __all__ = ["FIRST_BUCKET_BYTES", "Param", "first_bucket_bytes", "ready_order", "rebuilt_buckets"]
 

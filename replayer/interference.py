@@ -26,12 +26,12 @@ derived once per graph (a what-if replays it several times).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dpro.graph.dataflow import DataflowGraph
+from dpro.run_records import Calibration
 
 __all__ = ["Interference", "NodeClasses", "from_calibration", "from_graph", "overlap", "relative_slowdown"]
 
@@ -72,15 +72,14 @@ class NodeClasses:
                    (kind == "transfer").to_numpy(), receiver)
 
 
-def from_calibration(calibrations: dict[int, dict[str, Any]]) -> Interference | None:
+def from_calibration(calibrations: dict[int, Calibration]) -> Interference | None:
     """The median over ranks of the calibration's slow-downs (never below 0: a faster run
     beside communication is noise); ``None`` without a calibration of interference."""
-    rows = [m for c in calibrations.values()
-            if (m := (c.get("collectives") or {}).get("interference")) and m.get("compute_alone_ns")]
+    rows = [c.interference for c in calibrations.values() if c.interference]
     if not rows:
         return None
-    compute = np.median([r["compute_beside_comm_ns"] / r["compute_alone_ns"] - 1 for r in rows])
-    comm = np.median([r["comm_beside_compute_ns"] / r["comm_alone_ns"] - 1 for r in rows])
+    compute = np.median([r.compute_beside_comm_ns / r.compute_alone_ns - 1 for r in rows])
+    comm = np.median([r.comm_beside_compute_ns / r.comm_alone_ns - 1 for r in rows])
     return Interference(max(float(compute), 0.0), max(float(comm), 0.0), "calibration")
 
 

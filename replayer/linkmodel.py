@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from dpro.graph.collectives import schedule
 
 from dpro.replayer.cost import AlphaBeta
+from dpro.run_records import Calibration
 
 __all__ = ["CollectiveFit", "calibrated_link_model", "fit_collectives", "per_send", "wire_rates"]
 
@@ -49,12 +49,12 @@ class CollectiveFit:
         return self.fixed_ns + nbytes * self.ns_per_byte
 
 
-def fit_collectives(calibrations: dict[int, dict[str, Any]]) -> dict[str, CollectiveFit]:
+def fit_collectives(calibrations: dict[int, Calibration]) -> dict[str, CollectiveFit]:
     """One fit per calibrated collective, from every rank's ``calibration.json``."""
     times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     for calibration in calibrations.values():
-        for row in (calibration.get("collectives") or {}).get("collectives") or []:
-            times[(row["coll"], int(row["group_size"]), int(row["bytes"]))] += [float(t) for t in row["times_ns"]]
+        for row in calibration.collectives:
+            times[(row.coll, row.group_size, row.size)] += row.times_ns
     by_coll: dict[tuple[str, int], list[tuple[int, float]]] = defaultdict(list)
     for (coll, n, nbytes), ts in times.items():
         by_coll[(coll, n)].append((nbytes, float(np.median(ts))))
@@ -89,7 +89,7 @@ def per_send(fit: CollectiveFit, group_size: int | None = None) -> AlphaBeta:
     return AlphaBeta(fit.fixed_ns / steps, float(beta), fit.sizes)
 
 
-def calibrated_link_model(calibrations: dict[int, dict[str, Any]], link_class: str,
+def calibrated_link_model(calibrations: dict[int, Calibration], link_class: str,
                           wire_bytes_per_ns: float | None = None) -> dict[tuple[str, str], AlphaBeta]:
     """The per-send model of every calibrated collective, for the run's ``link_class`` (the
     class of its default process group: ``intra`` on one host, else ``inter``), with the
@@ -98,7 +98,7 @@ def calibrated_link_model(calibrations: dict[int, dict[str, Any]], link_class: s
             for coll, fit in fit_collectives(calibrations).items()}
 
 
-def wire_rates(calibrations: dict[int, dict[str, Any]], rank_hosts: dict[int, str]) -> dict[str, float]:
+def wire_rates(calibrations: dict[int, Calibration], rank_hosts: dict[int, str]) -> dict[str, float]:
     """Bytes per ns of the links between ranks, per class (``intra``: both ranks on one host,
     ``inter``): the median over the class's links of the calibration's TCP streams, each at the
     :data:`LINK_PERCENTILE` th percentile of its rate over its whole windows. What a link can
@@ -108,10 +108,10 @@ def wire_rates(calibrations: dict[int, dict[str, Any]], rank_hosts: dict[int, st
     back), and a percentile short of the maximum leaves out a shaper's first burst."""
     rates: dict[str, list[float]] = defaultdict(list)
     for calibration in calibrations.values():
-        for link in (calibration.get("collectives") or {}).get("links") or []:
-            src, dst = rank_hosts.get(int(link["src"])), rank_hosts.get(int(link["dst"]))
-            whole = link.get("window_bytes", [])[:-1]  # the last window is partial
+        for link in calibration.links:
+            src, dst = rank_hosts.get(link.src), rank_hosts.get(link.dst)
+            whole = link.window_bytes[:-1]  # the last window is partial
             if src and dst and whole and max(whole) > 0:
                 rates["intra" if src == dst else "inter"].append(float(np.percentile(whole, LINK_PERCENTILE)) /
-                                                                  link["window_ns"])
+                                                                  link.window_ns)
     return {cls: float(np.median(r)) for cls, r in rates.items()}

@@ -11,7 +11,7 @@ from itertools import product
 import pytest
 
 from dpro.replayer.buckets import FIRST_BUCKET_BYTES, Param, first_bucket_bytes, ready_order, rebuilt_buckets
-from dpro.run_format import DdpLayout
+from dpro.run_records import DdpLayout
 
 from .conftest import JOBS
 

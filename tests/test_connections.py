@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpro.anomaly.run.connections import connection_matrix, connection_rates, connection_suspects
+from dpro.anomaly.run.traffic_matrix import connection_matrix, connection_rates, connection_suspects
 from dpro.anomaly.fabric.probes import analyze, from_matrix
 from dpro.collectors.connections import COLUMNS, descendants, parse_ss
 from dpro.run_format import open_run

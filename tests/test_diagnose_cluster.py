@@ -14,7 +14,7 @@ from dpro.anomaly.engines import get_engine
 from dpro.anomaly.engines.base import Endpoint, Workload
 from dpro.anomaly.fabric.pairwise import measure, write_probes
 from dpro.anomaly.fabric.probes import analyze, read_probes
-from dpro.anomaly.run.connections import connection_rates
+from dpro.anomaly.run.traffic_matrix import connection_rates
 from dpro.run_format import open_run
 from tools.testing.netns import NetnsCluster, can_build_namespaces, record_across_hosts
 
@@ -35,7 +35,8 @@ def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, s
     run_dir, probes_path = tmp / "run", tmp / "probes.json"
     with NetnsCluster(4, rates={THROTTLED: RATE}) as cluster:
         done = record_across_hosts(cluster, run_dir, [EXAMPLE, "--steps", "16"],
-                                   record_args=("--skip", "6", "--warmup", "1", "--steps", "3"), timeout=400)
+                                   record_args=("--skip", "6", "--warmup", "1", "--steps", "3", "--no-calibrate"),
+                                   timeout=400)
         assert [p.returncode for p in done] == [0] * 4, "\n".join(p.stderr[-2000:] for p in done)
         hosts = {h.name: Endpoint(h.ip, ("ip", "netns", "exec", h.netns), h.veth) for h in cluster.hosts}
         probes, results = measure(get_engine("tcp"), hosts, Workload(message_size=1 << 20), seconds=1.5)

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from dpro.analysis import RunAnalysis
-from dpro.analysis.run import _event_costs
 from dpro.graph.alignment import refine_offsets
 from dpro.graph.dataflow import DataflowGraph, _nested_lags_rescaled, _without_profiler, graph_from_traces
 from dpro.graph.kineto import load_trace
@@ -21,6 +20,7 @@ from dpro.graph.matching import match
 from dpro.graph.reduction import reduce_trace
 from dpro.graph.typical import WAKE_SLACK_NS
 from dpro.replayer.simulate import ReplayError, replay
+from dpro.run_records import Calibration
 
 from .conftest import DATA, JOBS, assert_one_line_error, dpro
 
@@ -124,7 +124,7 @@ def test_the_profilers_cost_is_taken_out_of_an_op_heavy_job(tmp_path: Path) -> N
     analysis = RunAnalysis.open(run)
     cost = analysis.profiler_cost_ns()[0]
     assert cost["forward"] > 0 and cost["backward"] >= 0
-    assert analysis.calibrations[0]["profiler"]["backward"]["events"] > 0, "the calibration saw backward functions"
+    assert analysis.calibrations[0].event_counts["backward"] > 0, "the calibration saw backward functions"
     events = analysis.graph.nodes["events"].sum()
     out = json.loads(dpro("replay", run, "--json").stdout)
     assert out["predicted_step_ms"] < out["profiled_step_ms"] - 0.5 * cost["forward"] * events / 1e6, out
@@ -147,12 +147,16 @@ def test_a_nested_call_keeps_its_place_inside_its_compensated_op() -> None:
 
 
 def test_runs_calibrated_with_one_price_or_no_backward_price_still_compensate() -> None:
-    assert _event_costs({"main": {"per_event_ns": 550.0}}) == {"forward": 550.0, "backward": 550.0}
-    assert _event_costs({"forward": {"per_event_ns": 300.0}, "backward": {"per_event_ns": None}}) == \
+    def costs(profiler: dict) -> dict[str, float]:
+        return Calibration.from_json({"profiler": profiler}).event_costs
+
+    assert costs({"main": {"per_event_ns": 550.0}}) == {"forward": 550.0, "backward": 550.0}
+    assert costs({"forward": {"per_event_ns": 300.0}, "backward": {"per_event_ns": None}}) == \
         {"forward": 300.0, "backward": 300.0}
-    assert _event_costs({"forward": {"per_event_ns": 300.0}, "backward": {"per_event_ns": 700.0}}) == \
+    assert costs({"forward": {"per_event_ns": 300.0}, "backward": {"per_event_ns": 700.0}}) == \
         {"forward": 300.0, "backward": 700.0}
-    assert _event_costs({}) == {} and _event_costs({"error": "RuntimeError: x"}) == {}
+    assert costs({}) == {} and costs({"error": "RuntimeError: x"}) == {}
+    assert Calibration.from_json({"profiler": {"error": "RuntimeError: x"}}).problems == {"profiler": "RuntimeError: x"}
 
 
 def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:
@@ -246,5 +250,5 @@ def test_a_backward_pass_on_autograd_s_device_thread_is_joined_to_the_thread_tha
     last = nodes.index[(nodes["resource"] == thread).to_numpy()]
     step_op = int(back["dst"].iloc[0])
     assert result.start_ns[step_op] >= result.end_ns[last].max(), "the optimizer waits for the whole backward pass"
-    assert not analysis.calibrations[0]["collectives"].get("error"), "calibrated on the GPU (NCCL takes no CPU tensor)"
-    assert analysis.calibrations[0]["collectives"]["device"] == "cuda:0"
+    assert not analysis.calibrations[0].problems, "calibrated on the GPU (NCCL takes no CPU tensor)"
+    assert analysis.calibrations[0].device == "cuda:0"

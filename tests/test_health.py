@@ -27,7 +27,7 @@ from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.topology import fat_tree, from_spec, host_nic, hosts, probe_tiers
 from dpro.anomaly.health.config import Rules
-from dpro.anomaly.health.collectives import bus_factor
+from dpro.anomaly.health.collective_bench import bus_factor
 from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import Metric
 from dpro.anomaly.fabric.schedule import probe_rounds
@@ -491,7 +491,7 @@ def test_collectives_are_sized_by_time_and_a_size_too_slow_for_its_share_is_cut(
     import torch
     import torch.distributed as dist
 
-    from dpro.anomaly.health.collectives import run_collectives
+    from dpro.anomaly.health.collective_bench import run_collectives
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:

@@ -10,6 +10,7 @@ from dpro.graph.dataflow import DataflowGraph
 from dpro.replayer.interference import Interference, NodeClasses, _covered, from_calibration, from_graph, overlap
 from dpro.replayer.simulate import replay
 from dpro.replayer.graph_edits import WhatIf
+from dpro.run_records import Calibration
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -93,12 +94,15 @@ def test_ops_are_re_timed_only_where_a_change_moves_their_overlap() -> None:
 
 
 def test_slowdowns_from_the_calibration_are_medians_never_below_zero() -> None:
-    def calibration(compute_beside: float, comm_beside: float) -> dict:
-        return {"collectives": {"interference": {"compute_alone_ns": 100.0, "compute_beside_comm_ns": compute_beside,
-                                                 "comm_alone_ns": 200.0, "comm_beside_compute_ns": comm_beside}}}
+    def calibration(compute_beside: float, comm_beside: float) -> Calibration:
+        return Calibration.from_json({"collectives": {"interference": {
+            "compute_alone_ns": 100.0, "compute_beside_comm_ns": compute_beside,
+            "comm_alone_ns": 200.0, "comm_beside_compute_ns": comm_beside}}})
     found = from_calibration({0: calibration(150.0, 300.0), 1: calibration(130.0, 100.0), 2: calibration(90, 150.0)})
     assert (found.compute, found.comm, found.source) == (pytest.approx(0.3), 0.0, "calibration")
-    assert from_calibration({0: {"profiler": {}}}) is None and from_calibration({}) is None
+    assert from_calibration({0: Calibration.from_json({"profiler": {}})}) is None and from_calibration({}) is None
+    skipped = {"collectives": {"interference": {"skipped": "on a GPU"}}}
+    assert from_calibration({0: Calibration.from_json(skipped)}) is None
 
 
 def test_the_recorded_step_gives_the_slowdown_of_the_same_op_alone_and_overlapped() -> None:

@@ -11,6 +11,7 @@ from dpro.analysis import RunAnalysis
 from dpro.replayer.cost import AlphaBeta
 from dpro.replayer.linkmodel import wire_rates
 from dpro.run_format import open_run
+from dpro.run_records import Calibration
 
 
 def test_only_the_wires_share_of_a_send_scales_with_the_link() -> None:
@@ -38,6 +39,7 @@ def test_wire_rates_per_class_from_the_streams_whole_windows() -> None:
         2: {"collectives": {"links": [_stream(1, 2, [125_000] * 20 + [400_000, 1])]}},  # a shaper's first burst
         3: {"collectives": {"links": []}},  # its stream failed
     }
+    calibrations = {r: Calibration.from_json(c) for r, c in calibrations.items()}
     rates = wire_rates(calibrations, hosts)
     assert rates["intra"] == pytest.approx(5_000_000 / 50e6)
     assert rates["inter"] == pytest.approx(125_000 / 50e6), "20 Mb/s, neither the recovery nor the burst"

@@ -29,7 +29,8 @@ from dpro.optimizer.report import report
 from dpro.optimizer.report_html import write_html
 from dpro.optimizer.search import Tricks, search
 from dpro.optimizer.strategy import Strategy, StrategyError, read_strategy
-from dpro.run_format import DdpLayout, open_run
+from dpro.run_format import open_run
+from dpro.run_records import DdpLayout
 
 from .conftest import DATA, EXAMPLE, SMALL_LM, TORCHRUN, assert_one_line_error, dpro
 

@@ -19,7 +19,7 @@ from dpro.analysis.whatif import CostModel
 from dpro.optimizer.memory_estimate import _tp_bytes
 from dpro.optimizer.passes.tensor_parallel import tp_mesh as tp_mesh_pass
 from dpro.analysis.fsdp import _backward_all_gathers
-from dpro.graph.collective_log import label
+from dpro.graph.collective_labels import label
 from dpro.graph.matching import pair_p2p
 from dpro.graph.typical import _split_at_waits
 from dpro.replayer.breakdown import breakdown, rank_critical_path
@@ -274,7 +274,7 @@ def test_hsdp_gathers_within_shard_groups_and_reduces_across_replicas_and_the_fl
     from dpro.analysis.whatif import Change, CostModel
 
     analysis = RunAnalysis.open(hsdp_run)
-    assert analysis.metas[0]["applied"]["applied"] == ["fsdp_mesh=2x2"]
+    assert analysis.metas[0].applied.applied == ("fsdp_mesh=2x2",)
     assert {tuple(u["mesh_shape"]) for u in analysis.parallelism.fsdp} == {(2, 2)}
     assert not analysis.parallelism.tensor_parallel, "HSDP's mesh is the FSDP units' own"
     table = analysis.graph.collectives

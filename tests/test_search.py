@@ -21,7 +21,7 @@ from dpro.collectors.counters.snapshot import CounterDiff, CounterRate
 from dpro.anomaly.engines.base import Direction, Endpoint, Result, Workload
 from dpro.anomaly.engines.tcp import TcpEngine
 from dpro.anomaly.search.objectives import CounterObjective, ThroughputObjective, parse_objective
-from dpro.anomaly.search.annealing import Budget, SearchResult, search
+from dpro.anomaly.search.collie import Budget, SearchResult, search
 from dpro.anomaly.search.report import to_json, to_markdown, write_report
 from dpro.anomaly.search.space import WorkloadSpace
 

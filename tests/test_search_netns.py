@@ -24,7 +24,7 @@ import pytest
 from dpro.anomaly.engines.base import Direction, Endpoint
 from dpro.anomaly.engines.tcp import TcpEngine
 from dpro.anomaly.search.objectives import ThroughputObjective
-from dpro.anomaly.search.annealing import Budget, search
+from dpro.anomaly.search.collie import Budget, search
 from dpro.anomaly.search.report import write_report
 from dpro.anomaly.search.space import WorkloadSpace
 from tools.testing.netns import NetnsCluster, can_build_namespaces

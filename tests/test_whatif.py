@@ -41,7 +41,7 @@ def test_bad_options_are_one_line_errors(recorded_run: Path, args: tuple[str, ..
 
 
 def test_a_run_without_ddp_has_no_buckets_to_change(tmp_path: Path) -> None:
-    result = dpro("record", "-o", tmp_path / "run", "--skip", "2", "--warmup", "0", "--steps", "2",
+    result = dpro("record", "-o", tmp_path / "run", "--skip", "2", "--warmup", "0", "--steps", "2", "--no-calibrate",
                   "--", sys.executable, JOBS / "manual_steps.py")
     assert result.returncode == 0, result.stderr
     assert_one_line_error(dpro("whatif", tmp_path / "run", "--bucket-cap-mb", "1"), "no DDP bucket layout")
@@ -50,8 +50,7 @@ def test_a_run_without_ddp_has_no_buckets_to_change(tmp_path: Path) -> None:
 
 
 def test_the_recorded_bucket_cap_rebuilds_the_recorded_buckets_and_predicts_the_baseline(recorded_run: Path) -> None:
-    ddp = open_run(recorded_run).rank_meta(0)["ddp"][0]
-    recorded = [b["bytes"] for b in ddp["buckets"]]
+    recorded = open_run(recorded_run).rank_meta(0).ddp[0].bucket_bytes
     out = whatif(recorded_run, "--bucket-cap-mb", "0.05")
     assert out["buckets_bytes"] == recorded and len(recorded) > 1
     assert out["link_model"] == "calibration"
@@ -60,7 +59,7 @@ def test_the_recorded_bucket_cap_rebuilds_the_recorded_buckets_and_predicts_the_
 
 
 def test_a_larger_cap_fuses_the_buckets_and_compression_is_applied_to_them(recorded_run: Path) -> None:
-    recorded = [b["bytes"] for b in open_run(recorded_run).rank_meta(0)["ddp"][0]["buckets"]]
+    recorded = open_run(recorded_run).rank_meta(0).ddp[0].bucket_bytes
     fused = whatif(recorded_run, "--bucket-cap-mb", "100")
     assert fused["buckets_bytes"] == [sum(recorded)]
     compressed = whatif(recorded_run, "--bucket-cap-mb", "100", "--compress", "fp16")

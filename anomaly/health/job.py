@@ -25,13 +25,13 @@ from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.topology import probe_tiers, read_topology
 
 from dpro.anomaly.health.budget import Budget
-from dpro.anomaly.health.collectives import run_collectives
+from dpro.anomaly.health.collective_bench import run_collectives
 from dpro.anomaly.health.config import HealthConfig, HealthConfigError
-from dpro.anomaly.health.gpu import GpuWatch
+from dpro.anomaly.health.gpu_checks import GpuWatch
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Node
 from dpro.anomaly.health.network import judge_network
 from dpro.anomaly.health.nic import NicWatch
-from dpro.anomaly.health.pairwise import leaders, measure_pairwise
+from dpro.anomaly.health.backend_pairwise import leaders, measure_pairwise
 from dpro.anomaly.health.rules import apply_rules
 
 __all__ = ["launcher_env", "run_rank"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
-from dpro.anomaly.health.gpu import GpuWatch
+from dpro.anomaly.health.gpu_checks import GpuWatch
 from dpro.anomaly.health.history import DEFAULT_DB, History
 from dpro.anomaly.health.model import Node
 from dpro.anomaly.health.nic import NicWatch

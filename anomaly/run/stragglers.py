@@ -39,6 +39,7 @@ import pandas as pd
 from dpro.anomaly.suspects import Suspect
 from dpro.graph.matching import KEY
 from dpro.stats import MAD_SCALE, robust_spread
+from dpro.run_format import DPRO_PHASES
 
 __all__ = ["collective_stats", "rank_lateness", "slow_transfers", "step_outliers", "step_stragglers", "stragglers"]
 
@@ -153,10 +154,9 @@ def slow_transfers(instances: pd.DataFrame, hosts: dict[int, str] | None = None,
 
 
 def _timed_steps(step_times: pd.DataFrame) -> pd.DataFrame:
-    """The steps of :attr:`dpro.analysis.RunAnalysis.step_times` that time the job: the profiler's
-    warm-up, the step profiled with shapes (and, in 1.0 runs, the trace's export) are left out:
-    their extra time is dpro's own."""
-    return step_times[~step_times["phase"].isin(("warmup", "shapes", "export"))][["step", "dur_ns", "rank"]].copy()
+    """The steps of :attr:`dpro.analysis.RunAnalysis.step_times` that time the job: those of
+    :data:`dpro.run_format.DPRO_PHASES` are left out, their extra time is dpro's own."""
+    return step_times[~step_times["phase"].isin(DPRO_PHASES)][["step", "dur_ns", "rank"]].copy()
 
 
 def step_outliers(step_times: pd.DataFrame, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> pd.DataFrame:

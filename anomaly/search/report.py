@@ -1,4 +1,4 @@
-"""The report of an anomaly search (:mod:`dpro.anomaly.search.annealing`): JSON for tools, Markdown for people.
+"""The report of an anomaly search (:mod:`dpro.anomaly.search.collie`): JSON for tools, Markdown for people.
 
 Both list the anomalies first (each with its minimal feature set and the measurements that show
 which features are needed), then every trial. ``write_report`` puts ``search.json`` and
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro.anomaly.engines.base import Workload
-from dpro.anomaly.search.annealing import Anomaly, SearchResult, Trial
+from dpro.anomaly.search.collie import Anomaly, SearchResult, Trial
 from dpro.anomaly.search.space import plain
 
 

@@ -1,6 +1,6 @@
 """Timeline: a lane per rank and thread or stream, ops coloured by kind, collectives linked
 across ranks, the critical path outlined; zoom and pan with the level of detail computed on the
-server (:mod:`dpro.dashboard.timeline`); click an op for its details; the visible window as a
+server (:mod:`dpro.dashboard.timeline_data`); click an op for its details; the visible window as a
 Chrome trace for Perfetto."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dpro.dashboard.details import chrome_trace, op_details
 from dpro.dashboard.figures import timeline_figure
 from dpro.dashboard.pages.common import missing, table
 from dpro.dashboard.runs import RunView
-from dpro.dashboard.timeline import window
+from dpro.dashboard.timeline_data import window
 
 __all__ = ["layout", "register"]
 

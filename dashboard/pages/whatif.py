@@ -10,6 +10,7 @@ from dash import Input, Output, State, dcc, html
 from dpro.analysis.compare import compare
 from dpro.analysis.step_ops import measured_ops, predicted_ops
 from dpro.analysis.whatif import Change
+from dpro.comm_hooks import CAST_HOOKS, POWERSGD, compress_flag
 from dpro.errors import DproError
 from dpro.optimizer.report_html import breakdown_figure, speedups, step_timeline_figure
 
@@ -19,7 +20,7 @@ from dpro.dashboard.runs import NO_REPORT, RunView
 __all__ = ["layout", "register"]
 
 BUCKET_CAPS_MB = [0.05, 0.25, 1, 5, 25, 100]
-COMPRESSIONS = ["fp16", "bf16", "powersgd:1", "powersgd:4"]
+COMPRESSIONS = [*CAST_HOOKS, compress_flag(POWERSGD, 1), compress_flag(POWERSGD, 4)]
 
 
 def layout(view: RunView, views: list[RunView]) -> Any:

@@ -46,7 +46,7 @@ def _count(analysis: RunAnalysis) -> int:
 
 
 def _applied(analysis: RunAnalysis) -> dict[int, list[str]]:
-    return {r: (m.get("applied") or {}).get("applied") or [] for r, m in analysis.metas.items()}
+    return {r: list(m.applied.applied) for r, m in analysis.metas.items()}
 
 
 def _breakdown(analysis: RunAnalysis) -> dict[str, float] | None:

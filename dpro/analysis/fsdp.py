@@ -254,10 +254,9 @@ def _replicate_groups(analysis: RunAnalysis) -> set[str]:
     """The process groups of the replicate dimension of each rank's FSDP mesh (HSDP's), if any."""
     found = set()
     for meta in analysis.metas.values():
-        parallel = meta.get("parallel") or {}
-        units = [u for u in parallel.get("fsdp") or [] if u.get("parameters")]
+        units = [u for u in meta.parallel.fsdp if u.get("parameters")]
         shape = units[0].get("mesh_shape") if units else None
-        for m in parallel.get("meshes") or []:
+        for m in meta.parallel.meshes:
             if shape and len(shape) == 2 and list(m.get("shape") or []) == list(shape) and m.get("groups") \
                     and m["groups"][0] is not None:
                 found.add(str(m["groups"][0]))
@@ -324,8 +323,7 @@ def _shard_groups(analysis: RunAnalysis, flag: str) -> set[str]:
                           f"{parallelism.describe()}")
     found: set[str] = set()
     for rank, meta in sorted(analysis.metas.items()):
-        units = (meta.get("parallel") or {}).get("fsdp") or []
-        groups = {str(u.get("shard_group")) for u in units if u.get("parameters")}
+        groups = {str(u.get("shard_group")) for u in meta.parallel.fsdp if u.get("parameters")}
         if len(groups) > 1:
             raise WhatIfError(f"{flag} is modelled for FSDP over one process group per rank; rank {rank}'s units "
                               f"shard over {len(groups)} ({', '.join(sorted(groups))})")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dpro.run_format import BACKWARD_EVENT_PREFIX, DdpLayout
+from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.stages import BACKWARD_RANGE, PIPELINE_STARTS
@@ -56,16 +56,15 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
     before dpro measured memory have none)."""
     found = {}
     for rank, meta in analysis.metas.items():
-        held = meta.get("memory")
-        if not isinstance(held, dict) or "parameters_bytes" not in held:
+        held = meta.memory
+        if held is None:
             continue
-        ddp = [d for d in DdpLayout.all_in(meta) if d.buckets]
+        ddp = [d for d in meta.ddp if d.buckets]
         added, device, activations = _step_memory(analysis, rank)
         found[rank] = RankMemory(
-            int(held["parameters_bytes"]), int(held["gradients_bytes"]),
-            sum(sum(d.bucket_bytes) for d in ddp),
-            bool(ddp) and all(d.gradient_as_bucket_view for d in ddp),
-            int(held.get("optimizer_state_bytes") or 0), added, device, activations)
+            held.parameters_bytes, held.gradients_bytes, sum(sum(d.bucket_bytes) for d in ddp),
+            bool(ddp) and all(d.gradient_as_bucket_view for d in ddp), held.optimizer_state_bytes,
+            added, device, activations)
     return found
 
 

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpro.run_records import RankMeta
+
 __all__ = ["Parallelism"]
 
 
@@ -33,20 +35,18 @@ class Parallelism:
     sharded_parameters: dict[int, list[int]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, metas: dict[int, dict[str, Any]]) -> Parallelism:
+    def of(cls, metas: dict[int, RankMeta]) -> Parallelism:
         groups: dict[str, dict[str, Any]] = {}
         for meta in metas.values():
-            for g in meta.get("process_groups") or []:
-                if isinstance(g, dict) and "pg_name" in g:
-                    groups.setdefault(str(g["pg_name"]), {"desc": g.get("pg_desc", ""), "ranks": g.get("ranks", [])})
-        first = metas[min(metas)] if metas else {}
-        parallel = first.get("parallel") if isinstance(first.get("parallel"), dict) else {}
-        meshes = parallel.get("meshes") or []
-        pipelines = parallel.get("pipeline") or []
-        return cls(world_size=int(first.get("world_size") or len(metas) or 1), groups=groups,
-                   mesh=meshes[0] if meshes else None, fsdp=list(parallel.get("fsdp") or []),
-                   pipeline=pipelines[0] if pipelines else None, stages=_stages(metas),
-                   sharded_parameters=_sharded_parameters(metas))
+            for g in meta.process_groups:
+                groups.setdefault(str(g["pg_name"]), {"desc": g.get("pg_desc", ""), "ranks": g.get("ranks", [])})
+        first = metas[min(metas)] if metas else RankMeta()
+        parallel = first.parallel
+        return cls(world_size=first.world_size or len(metas) or 1, groups=groups,
+                   mesh=parallel.meshes[0] if parallel.meshes else None, fsdp=list(parallel.fsdp),
+                   pipeline=parallel.pipeline[0] if parallel.pipeline else None,
+                   stages={r: m.parallel.stage for r, m in metas.items() if m.parallel.stage is not None},
+                   sharded_parameters={r: m.parallel.sharded_parameter_bytes for r, m in metas.items()})
 
     @property
     def data_parallel_only(self) -> bool:
@@ -124,25 +124,3 @@ class Parallelism:
             p = self.pipeline
             parts.append(f"pipeline {p['schedule']}: {p['num_stages']} stages, {p['microbatches']} micro-batches")
         return "; ".join(parts) or f"data parallel over {self.world_size} ranks"
-
-
-def _sharded_parameters(metas: dict[int, dict[str, Any]]) -> dict[int, list[int]]:
-    """Each rank's local bytes of each DTensor parameter sharded over some mesh dimension."""
-    found = {}
-    for rank, meta in metas.items():
-        parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
-        found[int(rank)] = [int(b) for p in parallel.get("dtensor_parameters") or [] if p.get("sharded_over")
-                            for b in p.get("local_bytes") or []]
-    return found
-
-
-def _stages(metas: dict[int, dict[str, Any]]) -> dict[int, int]:
-    """Each rank's pipeline stage, where the rank runs exactly one."""
-    found = {}
-    for rank, meta in metas.items():
-        parallel = meta.get("parallel") if isinstance(meta.get("parallel"), dict) else {}
-        pipelines = parallel.get("pipeline") or []
-        indices = pipelines[0].get("stage_index") if pipelines and isinstance(pipelines[0], dict) else None
-        if isinstance(indices, list) and len(indices) == 1:
-            found[int(rank)] = int(indices[0])
-    return found

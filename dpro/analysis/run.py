@@ -50,7 +50,8 @@ from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.breakdown import mean_breakdown
 from dpro.replayer.result import Replay
 import dpro.run_format
-from dpro.run_format import DdpLayout, Run, open_run
+from dpro.run_format import Run, open_run
+from dpro.run_records import Calibration, DdpLayout, RankMeta
 from dpro.stats import job_mean
 
 __all__ = ["RunAnalysis", "STALLED"]
@@ -96,15 +97,15 @@ class RunAnalysis:
         return self.run.ranks
 
     @cached_property
-    def metas(self) -> dict[int, dict[str, Any]]:
-        """Each rank's ``meta.json`` (``{}`` where it is missing or unreadable: a partial run,
-        which :attr:`dpro.run_format.Run.gaps` says)."""
+    def metas(self) -> dict[int, RankMeta]:
+        """Each rank's ``meta.json`` (not ``present`` where it is missing or unreadable: a
+        partial run, which :attr:`dpro.run_format.Run.gaps` says)."""
         out = {}
         for r in self.ranks:
             try:
                 out[r] = self.run.rank_meta(r)
             except dpro.run_format.RunFormatError:
-                out[r] = {}
+                out[r] = RankMeta()
         return out
 
     @cached_property
@@ -115,7 +116,7 @@ class RunAnalysis:
     @cached_property
     def hosts(self) -> dict[int, str]:
         """Each rank's host ("" when not recorded)."""
-        return {r: str(m.get("host") or "") for r, m in self.metas.items()}
+        return {r: m.host for r, m in self.metas.items()}
 
     @cached_property
     def recorded_offsets(self) -> dict[int, int]:
@@ -165,8 +166,8 @@ class RunAnalysis:
         return {r: float(medians.get(r, float("nan"))) for r in self.ranks}
 
     @cached_property
-    def calibrations(self) -> dict[int, dict[str, Any]]:
-        """Each rank's ``calibration.json`` (``{}`` where the run was not calibrated)."""
+    def calibrations(self) -> dict[int, Calibration]:
+        """Each rank's ``calibration.json`` (empty where the run was not calibrated)."""
         return {r: self.run.calibration(r) for r in self.ranks}
 
     def profiler_cost_ns(self) -> dict[int, dict[str, float]]:
@@ -175,7 +176,7 @@ class RunAnalysis:
         each the median over the host's ranks (one machine, one cost; each rank's own
         measurement is disturbed by the others calibrating beside it). Runs calibrated before
         the classes were priced apart hold one cost for every event (``main``)."""
-        measured = {r: costs for r, c in self.calibrations.items() if (costs := _event_costs(c.get("profiler") or {}))}
+        measured = {r: c.event_costs for r, c in self.calibrations.items() if c.event_costs}
         out = {}
         for rank in measured:
             peers = [measured[r] for r in measured if self.hosts[r] == self.hosts[rank]]
@@ -197,7 +198,7 @@ class RunAnalysis:
     def ddp_layout(self) -> DdpLayout | None:
         """The job's first DistributedDataParallel module as the lowest rank that recorded one
         recorded it (caps, flags, hook, buckets); None when the job used no DDP."""
-        return next((layouts[0] for r in self.ranks if (layouts := DdpLayout.all_in(self.metas[r]))), None)
+        return next((self.metas[r].ddp[0] for r in self.ranks if self.metas[r].ddp), None)
 
     def bucket_bytes(self) -> list[int]:
         """Bytes of each DDP gradient bucket, in the order they are all-reduced (from the lowest
@@ -382,14 +383,3 @@ class RunAnalysis:
                        {"step_ns": {str(r): v for r, v in result.step_ns.items()},
                         "critical_path": [int(v) for v in result.critical_path]})
         return result
-
-
-def _event_costs(profiler: dict[str, Any]) -> dict[str, float]:
-    """A calibration's cost per event of each class; empty where it has none."""
-    forward = (profiler.get("forward") or {}).get("per_event_ns")
-    if forward is not None:
-        backward = (profiler.get("backward") or {}).get("per_event_ns")
-        return {"forward": float(forward), "backward": float(forward if backward is None else backward)}
-    if "per_event_ns" in (profiler.get("main") or {}):
-        return dict.fromkeys(("forward", "backward"), float(profiler["main"]["per_event_ns"]))
-    return {}

@@ -98,13 +98,12 @@ def layout(analysis: RunAnalysis, flag: str = "--tp-mesh") -> TPLayout:
     shape = list(parallelism.mesh["shape"])
     dp_groups, tp_groups, parameters, sharded = {}, {}, {}, {}
     for rank, meta in sorted(analysis.metas.items()):
-        parallel = meta.get("parallel") or {}
-        meshes = [m for m in parallel.get("meshes") or [] if list(m.get("shape") or []) == shape]
+        meshes = [m for m in meta.parallel.meshes if list(m.get("shape") or []) == shape]
         names = meshes[0].get("groups") if meshes else None
         if not names or len(names) != 2 or None in names:
             raise WhatIfError(f"{flag} is modelled on a 2-D (dp, tp) mesh; rank {rank}'s mesh is "
                               f"{'×'.join(map(str, shape))} with groups {names}")
-        params = parallel.get("dtensor_parameters")
+        params = meta.parallel.dtensor_parameters
         if params is None:
             raise WhatIfError(f"{flag} needs the DTensor parameters in the run's metadata (recorded by a newer "
                               "dpro record); record the job again")
@@ -112,7 +111,7 @@ def layout(analysis: RunAnalysis, flag: str = "--tp-mesh") -> TPLayout:
             raise WhatIfError(f"{flag} is modelled with parameters sharded over the mesh's last (tp) dimension; "
                               f"rank {rank}'s are sharded over another")
         dp_groups[rank], tp_groups[rank] = str(names[0]), str(names[1])
-        parameters[rank] = int((meta.get("memory") or {}).get("parameters_bytes") or 0)
+        parameters[rank] = meta.memory.parameters_bytes if meta.memory else 0
         sharded[rank] = parallelism.sharded_parameters.get(rank, [])
     if not any(sharded.values()):
         raise WhatIfError(f"{flag}: no parameter of this job is sharded over its tp dimension")

@@ -73,9 +73,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpro.comm_hooks import CAST_BYTES_RATIO, POWERSGD, POWERSGD_MATMUL, parse_compress
 from dpro.errors import DproError
 from dpro.graph.dataflow import DataflowGraph
-from dpro.run_format import BACKWARD_EVENT_PREFIX, DdpLayout
+from dpro.run_format import BACKWARD_EVENT_PREFIX
+from dpro.run_records import DdpLayout, Timing
 from dpro.stats import job_mean, timed_ranks
 from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuilt_buckets
 from dpro.replayer.cost import fit_link_model, link_class
@@ -93,9 +95,8 @@ from dpro.analysis.fusion import fused_kernel_durations, fused_shares
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.stages import fixed_shares, stage_costs
 
-__all__ = ["COMPRESSIONS", "Change", "CostModel", "Prediction", "predict"]
+__all__ = ["Change", "CostModel", "Prediction", "predict"]
 
-COMPRESSIONS = {"fp16": 0.5, "bf16": 0.5}  # bytes sent per byte of float32 gradient
 MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that many times smaller
 
 
@@ -196,10 +197,11 @@ class Prediction:
             if rebucket:
                 ddp, details["reissued"] = _rebucket(w, graph, layout, ddp, buckets)
                 details["buckets_bytes"] = [b for _, b in ddp]
-            if change.compress is not None and change.compress.startswith("powersgd:"):
-                details["compression"] = _powersgd(w, analysis, ddp, buckets, int(change.compress.split(":")[1]))
-            elif change.compress is not None:
-                details["compression"] = _compress(w, analysis, ddp, change.compress)
+            hook, rank = parse_compress(change.compress) if change.compress is not None else (None, None)
+            if hook == POWERSGD:
+                details["compression"] = _powersgd(w, analysis, ddp, buckets, rank)
+            elif hook is not None:
+                details["compression"] = _compress(w, analysis, ddp, hook)
         if change.fuse_ops:
             details["fusion"] = _fuse_ops(w, analysis)
         if change.recompute_forward:
@@ -583,21 +585,20 @@ def _compress(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], name
     """Apply the hook ``name`` to every DDP all-reduce: its bytes sent per byte of gradient, and
     its compute per step (ms, from the calibration)."""
     rows = _calibrated(analysis, name, f"the {name} hook's compute")
-    nbytes = np.array([r["bytes"] for r in rows], np.float64)
-    ns = np.array([np.median(r["times_ns"]) for r in rows], np.float64)
+    nbytes = np.array([r.size for r in rows], np.float64)
+    ns = np.array([r.median_ns for r in rows], np.float64)
     per_byte = float(np.sum(nbytes * ns) / np.sum(nbytes * nbytes))
     totals: dict[int, int] = {}
     for occurrence, b in ddp:
         totals[occurrence] = totals.get(occurrence, 0) + b
     for occurrence, b in totals.items():
-        w.compress("all_reduce", occurrence, COMPRESSIONS[name], b * per_byte)
-    return {"bytes_ratio": COMPRESSIONS[name], "hook_ms": sum(totals.values()) * per_byte / 1e6}
+        w.compress("all_reduce", occurrence, CAST_BYTES_RATIO, b * per_byte)
+    return {"bytes_ratio": CAST_BYTES_RATIO, "hook_ms": sum(totals.values()) * per_byte / 1e6}
 
 
-def _calibrated(analysis: RunAnalysis, part: str, what: str) -> list[dict[str, Any]]:
+def _calibrated(analysis: RunAnalysis, part: str, what: str) -> list[Timing]:
     """Every rank's ``compression`` calibration rows of ``part`` (``fp16``, ``matmul``...)."""
-    rows = [row for c in analysis.calibrations.values()
-            for row in ((c.get("collectives") or {}).get("compression") or {}).get(part) or []]
+    rows = [row for c in analysis.calibrations.values() for row in c.compression.get(part, ())]
     if not rows:
         raise DproError(f"{analysis.root} has no calibration of {what} "
                         "(recorded with --no-calibrate, or by an older dpro)")
@@ -612,8 +613,8 @@ def _powersgd(w: WhatIf, analysis: RunAnalysis, ddp: list[tuple[int, int]], buck
     turn; vectors and the rest are all-reduced as they are first. Three all-reduces per bucket
     (each paying the fixed cost) of the bytes the hook sends; its matrix products (three per
     matrix: M Q, M^T P, P Q^T) timed from the calibration's."""
-    rows = _calibrated(analysis, "matmul", "the PowerSGD hook's compute")
-    ns_per_flop = float(np.median([np.median(r["times_ns"]) / r["flops"] for r in rows]))
+    rows = _calibrated(analysis, POWERSGD_MATMUL, "the PowerSGD hook's compute")
+    ns_per_flop = float(np.median([r.median_ns / r.size for r in rows]))
     per_call: dict[int, list[float]] = {}  # occurrence -> [gradient bytes, bytes sent, flops, buckets]
     for (occurrence, _), bucket in zip(ddp, buckets):
         totals = per_call.setdefault(occurrence, [0.0, 0.0, 0.0, 0])

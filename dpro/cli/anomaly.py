@@ -63,7 +63,7 @@ def search_command(engine_name: str, server: str, client: str, server_prefix: st
     measurements that reset its features to the baseline one at a time.
     """
     from dpro.anomaly.engines.base import Endpoint
-    from dpro.anomaly.search.annealing import Budget, search
+    from dpro.anomaly.search.collie import Budget, search
     from dpro.anomaly.search.objectives import parse_objective
     from dpro.anomaly.search.report import write_report
     from dpro.anomaly.search.space import WorkloadSpace, plain

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from dpro.cli.options import RUN, analysis_options, default_run_name, ms, open_analysis, table
+from dpro.cli.options import (RUN, STRICT, analysis_options, default_run_name, ms, open_analysis, say_gaps,
+                              strict_option, table)
 
 SHOWN = 10  # strategies in the table
 
@@ -86,6 +87,7 @@ def optimize(run: Any, trial: bool, no_guidance: bool, no_incremental_replay: bo
               help="The baseline recording's steps before profiling.")
 @click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1),
               help="The baseline recording's profiled steps.")
+@strict_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def tune(run_dir: Path | None, skip: int, steps: int, command: tuple[str, ...], **options: Any) -> None:
     """Record COMMAND's job, search it with the cost model and measure the best candidates with
@@ -97,6 +99,7 @@ def tune(run_dir: Path | None, skip: int, steps: int, command: tuple[str, ...], 
     """
     from dpro.analysis import RunAnalysis
     from dpro.optimizer.search import Tricks
+    from dpro.run_format import open_run
 
     _check_output(options["output"], options["force"])
     out = options["output"]
@@ -108,7 +111,9 @@ def tune(run_dir: Path | None, skip: int, steps: int, command: tuple[str, ...], 
                            "--steps", str(steps), "--", *command])
     if done.returncode:
         raise click.ClickException(f"the baseline recording failed (exit {done.returncode}): nothing was searched")
-    _optimize(RunAnalysis.open(run_dir), list(command), Tricks(), **options)
+    run = open_run(run_dir)
+    say_gaps(run, strict=bool(click.get_current_context().meta.get(STRICT)))
+    _optimize(RunAnalysis(run), list(command), Tricks(), **options)
 
 
 def _check_output(output: Path | None, force: bool) -> None:

@@ -114,8 +114,8 @@ def _report_applied(ranks: list[dict[str, Any]], run_dir: Path) -> None:
         click.echo(f"dpro: the strategy {strategy.get('name')} changes nothing: nothing applied", err=True)
         return
     for r in ranks:
-        applied = run.rank_meta(r["rank"]).get("applied") or {}
-        done, left = applied.get("applied") or [], applied.get("left_out") or []
+        applied = run.rank_meta(r["rank"]).applied
+        done, left = applied.applied, applied.left_out
         if done:
             click.echo(f"dpro: rank {r['rank']}: applied {', '.join(dict.fromkeys(done))}", err=True)
         elif not left:

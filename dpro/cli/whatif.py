@@ -8,23 +8,19 @@ from typing import Any
 import click
 
 from dpro.cli.options import RUN, analysis_options, ms, open_analysis, table
+from dpro.comm_hooks import CAST_HOOKS, POWERSGD, compress_flag, parse_compress
 
 
 class Compression(click.ParamType):
     """``fp16``, ``bf16`` or ``powersgd:RANK`` (DDP's compression hooks)."""
 
-    name = "fp16|bf16|powersgd:RANK"
-    known = ("fp16", "bf16")
+    name = "|".join((*CAST_HOOKS, f"{POWERSGD}:RANK"))
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value in self.known:
-            return value
-        kind, _, rank = str(value).partition(":")
-        if kind == "powersgd":
-            if not rank.isdigit() or int(rank) < 1:
-                self.fail(f"{value!r}: powersgd takes a rank of at least 1 (powersgd:4)", param, ctx)
-            return f"powersgd:{int(rank)}"
-        self.fail(f"{value!r} is not one of fp16, bf16, powersgd:RANK", param, ctx)
+        try:
+            return compress_flag(*parse_compress(str(value)))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 @click.command()

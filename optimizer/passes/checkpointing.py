@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from dpro.analysis.run import RunAnalysis
-from dpro.run_format import DdpLayout
+from dpro.run_records import DdpLayout
 
 from dpro.optimizer.passes.base import Proposals
 

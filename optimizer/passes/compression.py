@@ -7,6 +7,7 @@ products), both timed in the run's calibration. All change the numerics (lossy).
 from __future__ import annotations
 
 from dpro.analysis.run import RunAnalysis
+from dpro.comm_hooks import CAST_HOOKS, NCCL_ONLY, POWERSGD, POWERSGD_MATMUL
 
 from dpro.optimizer.passes.base import Proposals
 
@@ -19,8 +20,8 @@ GLOO_POWERSGD = ("DDP's PowerSGD hook on gloo with more than one bucket fails th
 def fails_the_job(analysis: RunAnalysis, settings: dict, buckets: int) -> str | None:
     """Why ``settings`` would make the recorded job fail with ``buckets`` buckets, or None:
     :data:`GLOO_POWERSGD`."""
-    backend = analysis.metas[min(analysis.ranks)].get("backend")
-    if settings.get("comm_hook") == "powersgd" and backend == "gloo" and buckets > 1:
+    backend = analysis.metas[min(analysis.ranks)].backend
+    if settings.get("comm_hook") == POWERSGD and backend == "gloo" and buckets > 1:
         return GLOO_POWERSGD
     return None
 
@@ -33,15 +34,12 @@ def compression(analysis: RunAnalysis) -> Proposals:
         return Proposals(why="the job used no DistributedDataParallel")
     if layout.comm_hook:
         return Proposals(why=f"the job already runs the communication hook {layout.comm_hook}")
-    timed = set()
-    for calibration in analysis.calibrations.values():
-        timed |= set(((calibration.get("collectives") or {}).get("compression") or {}))
-    backend = analysis.metas[min(analysis.ranks)].get("backend")
-    # DDP's bf16 hook needs CUDA 11+ and NCCL 2.10+: it refuses to register on gloo
-    hooks = ("fp16", "bf16") if backend == "nccl" else ("fp16",)
+    timed = {part for c in analysis.calibrations.values() for part in c.compression}
+    backend = analysis.metas[min(analysis.ranks)].backend
+    hooks = [h for h in CAST_HOOKS if backend == "nccl" or h not in NCCL_ONLY]
     proposals = [{"comm_hook": hook} for hook in hooks if hook in timed]
-    if "matmul" in timed:
-        proposals += [{"comm_hook": "powersgd", "powersgd_rank": r} for r in POWERSGD_RANKS]
+    if POWERSGD_MATMUL in timed:
+        proposals += [{"comm_hook": POWERSGD, "powersgd_rank": r} for r in POWERSGD_RANKS]
     if not proposals:
         return Proposals(why="the run's calibration did not time the hooks' compute (recorded with --no-calibrate)")
     return Proposals(proposals)

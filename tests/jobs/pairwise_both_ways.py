@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from dpro.anomaly.health.pairwise import _probe_rounds
+from dpro.anomaly.health.backend_pairwise import _probe_rounds
 
 dist.init_process_group("gloo")
 rows = {}

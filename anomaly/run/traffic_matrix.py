@@ -34,7 +34,6 @@ MIN_BYTES = 1 << 20  # a connection that moved less says nothing of its link
 HEAVY_SHARE = 0.1  # nor one that moved less than this share of the busiest: its rate is its latency
 BULK_BYTES = 256 << 10  # nor does an interval between two samples that moved less ...
 BUSY_SHARE = 0.5  # ... unless the network held the connection back for this share of it
-LIMITED_COLUMNS = ("rwnd_limited_ms", "sndbuf_limited_ms")  # absent in runs before dpro sampled them
 
 
 def _ip(endpoint: str) -> str:
@@ -69,9 +68,8 @@ def connection_rates(run: Run) -> pd.DataFrame:
 def _without_link_streams(rates: pd.DataFrame, run: Run) -> pd.DataFrame:
     """``rates`` less dpro's own streams of the calibration (:mod:`dpro.collectors.link_rate`):
     the connections to or from a port a rank listened on for them, on that rank's host."""
-    listening = {(str(run.rank_meta(r).get("host") or ""), int(link["listen"][1]))
-                 for r in run.ranks
-                 for link in (run.calibration(r).get("collectives") or {}).get("links") or [] if "listen" in link}
+    listening = {(run.rank_meta(r).host, link.listen_port)
+                 for r in run.ranks for link in run.calibration(r).links if link.listen_port is not None}
     if not listening:
         return rates
     owner = dict(zip(rates["local_ip"], rates["host"]))
@@ -88,7 +86,7 @@ def _per_connection(samples: pd.DataFrame) -> pd.DataFrame:
     """One node's samples → one row per connection (``pid``, ``local``, ``peer`` and the
     figures of :func:`connection_rates`)."""
     samples = samples.sort_values("time_ns")
-    limited = sum(samples[c].fillna(0) if c in samples else 0 for c in LIMITED_COLUMNS)  # ss omits a zero
+    limited = samples["rwnd_limited_ms"] + samples["sndbuf_limited_ms"]
     samples = samples.assign(limited_ms=limited, network_ms=samples["busy_ms"] - limited)
     keys = ["pid", "local", "peer"]
     per = samples.groupby(keys)
