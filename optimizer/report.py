@@ -1,4 +1,10 @@
-"""The search's report: JSON for tools, Markdown and HTML for people, one strategy file per strategy."""
+"""The search's report: JSON for tools, Markdown and HTML for people, one strategy file per strategy.
+
+Every report leads with the answer: the recommended change (or "keep the job as it is"), its
+predicted step with its interval beside the measured one, lossy or exact, why, and how to apply
+it; then the measured trials, the :data:`TOP` distinct strategies (equivalents folded), where
+the step's time goes before and after, the code changes and the notes. ``report.json`` holds
+every strategy; ``report.md`` lists them all with ``--all``."""
 
 from __future__ import annotations
 
@@ -7,22 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from dpro.analysis.run import RunAnalysis
+from dpro.replayer.breakdown import CATEGORIES, mean_breakdown
 from dpro.run_format import write_json_atomic
 
-from dpro.optimizer.report_html import speedups, write_html
+from dpro.optimizer.report_html import write_html
+from dpro.optimizer.report_text import SHOWN, TOP, apply_command, breakdown_rows, folded, headline, speedups
 from dpro.optimizer.search import Evaluated, SearchResult
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.trials import Trial, best
 from dpro.optimizer.uncertainty import interval, intervals_source
 
-__all__ = ["candidates", "lines", "report", "with_trials", "write_report"]
+__all__ = ["candidates", "lines", "markdown", "report", "with_breakdowns", "with_trials", "write_report"]
 
 EQUAL = 1e-6  # predictions this close are the same prediction
 
 
-def report(result: SearchResult) -> dict[str, Any]:
+def report(result: SearchResult, command: list[str] | None = None) -> dict[str, Any]:
     """``{"baseline_step_ms", "recommendation", "strategies", "code_changes", "notes", "search",
-    "intervals"}``.
+    "intervals", "command"}`` (:func:`with_breakdowns` adds where the step goes).
 
     ``strategies``: the lines ``dpro record --apply`` can set whole and whose family is scored,
     the recommendation first (:func:`lines`); ``code_changes``: the strategies that need the
@@ -33,7 +41,8 @@ def report(result: SearchResult) -> dict[str, Any]:
     ``proven``, ``as recorded``, ``unproven``, ``slower``, ``unscored``), ``equivalents`` (the
     strategies it stands for), ``memory_gb`` (the largest rank's estimate, GB; null where the run
     did not measure memory), ``change`` (the code change), ``apply`` (the settings ``dpro record
-    --apply`` sets) and what the cost model found (``prediction``)."""
+    --apply`` sets) and what the cost model found (``prediction``); ``command``: the recorded
+    job's command, which ``--apply`` reruns."""
     baseline = result.baseline_step_ms
     entries = [_entry(e, baseline) for e in result.evaluated]
     ranked = lines([x for x in entries if not x["code_change"] and x["interval_ms"] is not None])
@@ -63,13 +72,26 @@ def report(result: SearchResult) -> dict[str, Any]:
                    "why": "no change's predicted gain clears its uncertainty" + (
                        f" (best unproven: {', '.join(unproven[:3])})" if unproven else "")}
     return {"baseline_step_ms": baseline, "recommendation": verdict, "strategies": ranked, "code_changes": apart,
-            "notes": list(result.notes), "intervals": intervals_source(),
+            "notes": list(result.notes), "intervals": intervals_source(), "command": command,
             "search": {"space": result.space, "evaluated": result.tried, "elapsed_s": result.elapsed_s,
                        "exhaustive": result.exhaustive,
                        "exposed_communication_ms": result.exposed_communication_ms,
                        "memory_budget_gb": None if result.memory_budget_bytes is None else result.memory_budget_bytes / 1e9,
                        "over_memory_budget": result.over_memory_budget,
                        "tricks": asdict(result.tricks)}}
+
+
+def with_breakdowns(data: dict[str, Any], result: SearchResult) -> dict[str, Any]:
+    """``data`` with ``breakdowns``: where the step's time goes on the critical path (ms, mean
+    over ranks, :mod:`dpro.replayer.breakdown`) as recorded and under the report's first
+    :data:`~dpro.optimizer.report_text.SHOWN` lines that change the job, by name, from the
+    search's own predictions (nothing is predicted again)."""
+    replayed = {e.strategy.name: e.replayed for e in result.evaluated}
+    recorded = result.recorded.replayed if result.recorded is not None else replayed["as-recorded"]
+    lines = [x["name"] for x in data["strategies"] + data["code_changes"] if x["apply"]][:SHOWN]
+    shown = [("as-recorded", recorded)] + [(name, replayed[name]) for name in lines]
+    return {**data, "breakdowns": {name: {k: round(v, 4) for k, v in mean_breakdown(p.graph, p.replay).items()}
+                                   for name, p in shown}}
 
 
 def candidates(data: dict[str, Any], count: int) -> list[tuple[str, dict[str, Any], float]]:
@@ -170,10 +192,12 @@ def _within(x: dict[str, Any], y: dict[str, Any]) -> bool:
     return abs(x["predicted_step_ms"] / y["predicted_step_ms"] - 1) <= width / 2 + EQUAL
 
 
-def write_report(data: dict[str, Any], result: SearchResult, out: Path, analysis: RunAnalysis) -> None:
-    """``report.json``, ``report.md``, ``report.html`` (:mod:`dpro.optimizer.report_html`, drawn
-    from ``result``'s own predictions), ``strategy.json`` (the recommendation) and
-    ``strategies/<name>.json`` (every line)."""
+def write_report(data: dict[str, Any], result: SearchResult, out: Path, analysis: RunAnalysis,
+                 every: bool = False) -> None:
+    """``report.json``, ``report.md`` (``every``: listing every strategy), ``report.html``
+    (:mod:`dpro.optimizer.report_html`, drawn from ``result``'s own predictions; plotly.js
+    beside it), ``strategy.json`` (the recommendation) and ``strategies/<name>.json`` (every
+    line)."""
     (out / "strategies").mkdir(parents=True, exist_ok=True)
     for stale in (out / "strategies").glob("*.json"):  # a report replaced (--force) leaves none of its own
         stale.unlink()
@@ -181,7 +205,7 @@ def write_report(data: dict[str, Any], result: SearchResult, out: Path, analysis
     for s in data["strategies"] + data["code_changes"]:
         write_json_atomic(out / "strategies" / f"{s['name']}.json", _strategy_file(s, data))
     write_json_atomic(out / "strategy.json", _strategy_file(data["strategies"][0], data))
-    (out / "report.md").write_text(_markdown(data))
+    (out / "report.md").write_text(markdown(data, every, str(out)))
     replayed = {e.strategy.name: e.replayed for e in result.evaluated}
     recorded = result.recorded.replayed if result.recorded is not None else replayed["as-recorded"]
     write_html(analysis, data, recorded, replayed, out / "report.html")
@@ -203,27 +227,26 @@ def _gb(value: float | None) -> str:
 
 
 def _rows(entries: list[dict[str, Any]]) -> list[str]:
-    rows = ["| strategy | predicted ms | speed-up (90% interval) | status | memory GB | lossy | also |",
-            "|---|---|---|---|---|---|---|"]
-    return rows + [f"| {s['name']} | {s['predicted_step_ms']:.1f} | {speedups(s)} | {s['status']} | "
-                   f"{_gb(s['memory_gb'])} | {'yes' if s['lossy'] else ''} | {', '.join(s['equivalents'])} |"
-                   for s in entries]
+    rows = ["| # | strategy | predicted ms | speed-up (90% interval) | status | memory GB | lossy | stands for |",
+            "|---|---|---|---|---|---|---|---|"]
+    return rows + [f"| {i} | {s['name']} | {s['predicted_step_ms']:.1f} | {speedups(s)} | {s['status']} | "
+                   f"{_gb(s['memory_gb'])} | {'yes' if s['lossy'] else ''} | {folded(s)} |"
+                   for i, s in enumerate(entries, 1)]
 
 
-def _markdown(data: dict[str, Any]) -> str:
-    verdict = data["recommendation"]
-    best = data["strategies"][0]
-    out = ["# dpro optimize", ""]
+def markdown(data: dict[str, Any], every: bool = False, folder: str = "DIR") -> str:
+    """``report.md``: the answer first (:func:`headline`), then the trials, the :data:`TOP`
+    distinct strategies (``every``: all of them), where the step goes, the code changes and
+    the notes."""
+    verdict, best = data["recommendation"], data["strategies"][0]
+    title, detail = headline(data)
+    out = ["# dpro optimize", "", f"**{title}.** {detail}", ""]
     if verdict["verdict"] == "change":
-        out += [f"**Recommended: {best['name']}**, {verdict['why']}.", "", "```python", *best["change"], "```", "",
-                "Apply it without editing the script: `dpro record --apply strategy.json -- torchrun ...`; "
-                "or measure it first: `dpro optimize RUN --trial -- torchrun ...`.", ""]
+        out += [f"Why: {verdict['why']}.", "", "Apply it without editing the script:", "", "```sh",
+                apply_command(data, folder), "```", "", "or change the script:", "", "```python", *best["change"], "```",
+                ""]
     else:
-        out += [f"**Keep the job as it is**: {verdict['why']}. "
-                "`dpro optimize RUN --trial -- torchrun ...` measures the best candidates.", ""]
-    out += [f"Baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window). "
-            f"Intervals: 90% of the cost model's held-out errors per family of change (model {data['intervals']['model']}, "
-            f"fidelity scoring seed {data['intervals']['seed']}).", "", *_rows(data["strategies"]), ""]
+        out += ["`dpro optimize RUN --trial -- torchrun ...` measures the best candidates.", ""]
     if "trials" in data:
         t = data["trials"]
         out += [f"## Measured trials ({t['steps']} steps each, {t['rounds']} interleaved rounds)", "",
@@ -235,9 +258,27 @@ def _markdown(data: dict[str, Any]) -> str:
                        f"{' '.join(f'{m:.1f}' for m in r['measured_ms'])} | "
                        f"{'; '.join(([r['failed']] if r['failed'] else []) + r['left_out'])} |")
         out.append("")
-    if data["code_changes"]:
+    lines = data["strategies"]
+    shown = lines if every else lines[:TOP]
+    folded_count = sum(len(s["equivalents"]) for s in lines)
+    out += [f"## Strategies ({len(lines)} distinct; {folded_count} more fold into them, equal within their intervals)",
+            "", f"Baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window). "
+            f"Intervals: 90% of the cost model's held-out errors per family of change (model {data['intervals']['model']}, "
+            f"fidelity scoring seed {data['intervals']['seed']}).", "", *_rows(shown), ""]
+    if len(shown) < len(lines):
+        out += [f"{len(lines) - len(shown)} more in report.json (`dpro optimize --all` lists them here).", ""]
+    rows = breakdown_rows(data)
+    if rows:
+        out += ["## Where the step goes (critical path, ms, mean over ranks)", "",
+                "| | span | " + " | ".join(c.replace("_", "-") for c in CATEGORIES) + " |",
+                "|---|" + "---|" * (len(CATEGORIES) + 1), *(f"| {' | '.join(r)} |" for r in rows), ""]
+    apart = data["code_changes"]
+    if apart:
+        listed = apart if every else apart[:TOP // 2]
         out += ["## Code changes (never recommended: `--apply` cannot set them, or no held-out case scored them)", "",
-                *_rows(data["code_changes"]), ""]
+                *_rows(listed), ""]
+        if len(listed) < len(apart):
+            out += [f"{len(apart) - len(listed)} more in report.json.", ""]
     if data["notes"]:
         out += ["## Notes", "", *(f"- {n}" for n in data["notes"]), ""]
     search = data["search"]

@@ -11,7 +11,7 @@ import pytest
 
 from dpro.analysis import RunAnalysis
 from dpro.analysis.whatif import CostModel, Prediction
-from dpro.optimizer.report import report, write_report
+from dpro.optimizer.report import markdown, report, with_breakdowns, write_report
 from dpro.optimizer.search import Evaluated, SearchResult, search
 from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.trials import Trial, run_trials
@@ -79,7 +79,7 @@ def test_code_changes_are_listed_apart_and_never_recommended() -> None:
 def test_the_reports_draw_the_searchs_own_predictions(recorded_run: Path, tmp_path: Path, monkeypatch) -> None:
     analysis = RunAnalysis(open_run(recorded_run))
     result = search(analysis, budget_s=60)
-    data = report(result)
+    data = with_breakdowns(report(result), result)
 
     def predicts_again(*args, **kwargs):
         raise AssertionError("the report predicted again")
@@ -90,6 +90,18 @@ def test_the_reports_draw_the_searchs_own_predictions(recorded_run: Path, tmp_pa
     html = (tmp_path / "report.html").read_text()
     shown = [s["name"] for s in data["strategies"] + data["code_changes"] if s["apply"]][:4]
     assert all(f'"predicted: {name}"' in html for name in shown)
+    assert set(data["breakdowns"]) == {"as-recorded", *shown}, "the split drawn from the same predictions"
+    # report.md lists the best 10 distinct lines and 5 code changes; --all lists every one
+    write_report(data, result, tmp_path / "all", analysis, every=True)
+    for folder, lines, apart in ((tmp_path, 10, 5), (tmp_path / "all", None, None)):
+        rows = [r.split(" | ")[1] for r in (folder / "report.md").read_text().splitlines()
+                if r.startswith("| ") and r.split(" | ")[0][2:].isdigit()]
+        assert rows == [s["name"] for s in data["strategies"][:lines] + data["code_changes"][:apart]]
+    # a search with many distinct lines (this small job folds into a few): the default leaves the rest out
+    many = {**data, "strategies": [dict(data["strategies"][0], name=f"line-{i}") for i in range(400)]}
+    text = markdown(many)
+    assert "390 more in report.json" in text and len(text.splitlines()) <= 200
+    assert len(markdown(many, every=True).splitlines()) > 400
 
 
 def test_trial_measures_the_candidates_and_recommends_the_measured_best(tmp_path: Path) -> None:
@@ -139,6 +151,6 @@ def test_tune_records_the_job_searches_it_and_measures_the_candidates(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert (out / "run" / "run.json").exists(), "the baseline recorded into DIR/run"
     assert "trials (3 steps each, 1 interleaved rounds):" in done.stdout
-    assert done.stdout.splitlines()[1].startswith("recommended: ")
+    assert done.stdout.splitlines()[0].startswith(("Recommended: ", "Keep the job as it is. ")), done.stdout
     again = dpro("tune", "-o", out, "--", *TRIAL_JOB)
     assert again.returncode != 0 and "already holds a report" in again.stderr

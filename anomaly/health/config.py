@@ -22,6 +22,8 @@
       failed_pct: 50              # ... by this much: failed
       nights: 14                  # earlier runs the learned baseline looks at
       min_nights: 3               # fewer usable runs than this: no learned baseline
+      line_rate_pct: 1            # with no baseline: a host's probes or the job's bus bandwidth
+                                  # below this share of the NICs' line rate is degraded (0: off)
 
 A baseline file maps ``check/metric`` to a value, for every host, and per host under ``hosts``::
 
@@ -69,6 +71,7 @@ class Rules:
     failed_pct: float = 50.0
     nights: int = 14
     min_nights: int = 3
+    line_rate_pct: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,10 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
     if pairwise.routes == "destination" and spec.get("topology") is None:
         raise HealthConfigError(f"{path}: pairwise.routes: destination needs the topology (the routes come from it)")
     rules = _section(spec, "rules", Rules, path)
-    if not 0 < rules.degraded_pct <= rules.failed_pct or rules.min_nights < 1 or rules.nights < rules.min_nights:
-        raise HealthConfigError(f"{path}: rules: need 0 < degraded_pct <= failed_pct and 1 <= min_nights <= nights")
+    if not 0 < rules.degraded_pct <= rules.failed_pct or rules.min_nights < 1 or rules.nights < rules.min_nights \
+            or not 0 <= rules.line_rate_pct < 100:
+        raise HealthConfigError(f"{path}: rules: need 0 < degraded_pct <= failed_pct, 1 <= min_nights <= nights "
+                                "and 0 <= line_rate_pct < 100")
     topology = _relative(path, spec.get("topology"), "topology")
     baseline_path = _relative(path, spec.get("baseline"), "baseline")
     return HealthConfig(backend, float(budget), collectives, pairwise, rules, topology,

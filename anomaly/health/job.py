@@ -117,7 +117,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
                                  "time_budget_s": config.time_budget_s,
                                  "rules": asdict(config.rules)})
     if probes is not None:
-        report.suspects = judge_network(report, probes, topology, routing)
+        report.suspects = judge_network(report, probes, topology, routing, config.rules)
         report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes), "routes": config.pairwise.routes,
                                     "rounds": len(np.unique(probes.round))}
     else:

@@ -3,7 +3,9 @@
 points at — hosts from the matrix alone, or, when the topology is known, NICs and links one
 direction at a time (:mod:`dpro.anomaly.fabric.localize`: any equal-cost path, the prober cannot
 see ECMP's choice), at the pooled threshold of the probes followed up
-(:data:`dpro.anomaly.fabric.follow_up.Z_CLASS`)."""
+(:data:`dpro.anomaly.fabric.follow_up.Z_CLASS`). A suspect's severity follows its measured drop
+(its probes' shortfall against the others', :func:`drop_pct`) by the thresholds of the history's
+rules: ``failed_pct`` or more fails its check, less degrades it."""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ from dpro.anomaly.fabric.probes import Probes, to_matrix
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.suspects import Suspect
 
+from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
 
-__all__ = ["judge_network"]
+__all__ = ["drop_pct", "judge_network"]
 
 
 def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph | None,
-                  routing: Routing | None = None) -> list[Suspect]:
-    """Add each host's ``pairwise`` check and the fabric's suspects to ``report``; the suspects,
-    most likely first (``routing``: the fabric's known routes, if any)."""
+                  routing: Routing | None = None, rules: Rules = Rules()) -> list[Suspect]:
+    """Add each host's ``pairwise`` check and the fabric's suspects to ``report``, each judged
+    by its drop (module docstring); the suspects, most likely first (``routing``: the fabric's
+    known routes, if any)."""
     pairwise: dict[str, Check] = {}
     matrix = to_matrix(probes)  # a direction the check followed up counts once (its median)
     for i, host in enumerate(probes.hosts):
@@ -37,11 +41,28 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
     fabric = Check("fabric")
     for suspect in suspects:
         check = pairwise[suspect.host] if suspect.kind in ("host", "nic") and suspect.host in pairwise else fabric
+        drop = drop_pct(suspect)
+        severe = drop is not None and drop >= rules.failed_pct
+        if drop is not None:
+            suspect.evidence["drop_pct"] = drop
+        suspect.evidence["severity"] = "failed" if severe else "degraded"
         check.evidence.setdefault("suspects", []).append({"kind": suspect.kind, "name": suspect.name,
-                                                          "score": round(float(suspect.score), 3)})
-        check.escalate("warn", f"the pairwise matrix points at {suspect.kind} {suspect.name}")
+                                                          "score": round(float(suspect.score), 3), "drop_pct": drop})
+        check.escalate("fail" if severe else "warn", f"the pairwise matrix points at {suspect.kind} {suspect.name}"
+                       + ("" if drop is None else f": its probes {drop:.1f}% below the others'"
+                          + (f" (failed at {rules.failed_pct:g}%)" if severe else "")))
     if fabric.evidence or topology is not None:
         if not fabric.evidence:
             fabric.message = "no link or switch stands out"
         report.node(JOB).checks.append(fabric)
     return suspects
+
+
+def drop_pct(suspect: Suspect) -> float | None:
+    """How far below the others the suspect's probes fell (percent): for a host, the smaller of
+    its sends' and receives' median drops; for a NIC, link or switch, the mean shortfall of the
+    probes that may cross it; None where the localizer measured none (a path)."""
+    evidence = suspect.evidence
+    if "row_drop" in evidence and "col_drop" in evidence:
+        return round(100 * min(evidence["row_drop"], evidence["col_drop"]), 1)
+    return evidence.get("mean_shortfall_pct")

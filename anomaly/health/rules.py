@@ -12,6 +12,13 @@ baseline, by more than three robust deviations of the history on that log scale,
 metric that is noisy night to night is not flagged for its noise — degrades the check; by
 ``failed_pct`` or more, fails it. Counts (errors, events) are judged by their own checks, not
 against a baseline.
+
+A metric with no baseline (a first night, no baseline file) is listed as such in its check's
+evidence (``no_baseline``: the reports show the check as "no baseline", never "ok"), and one rule
+still holds: the job's bus bandwidth, or a host's probes, below ``line_rate_pct`` percent of what
+the NICs' line rate allows (:func:`line_rates_gbps`) degrades the check. A host's probes are
+judged so only where the matrix points at no suspect (all of them slow alike): where it does,
+the slow probes are the suspect's, graded by their drop (:mod:`dpro.anomaly.health.network`).
 """
 
 from __future__ import annotations
@@ -24,9 +31,9 @@ import numpy as np
 from dpro.stats import robust_spread
 
 from dpro.anomaly.health.config import HealthConfig, Rules
-from dpro.anomaly.health.model import HealthReport, Metric
+from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
 
-__all__ = ["Baseline", "apply_rules", "judge", "learned"]
+__all__ = ["Baseline", "apply_rules", "judge", "learned", "line_rates_gbps", "no_baseline"]
 
 OUTLIER_Z = 3.5
 NOISE_SIGMAS = 3.0
@@ -87,6 +94,7 @@ def apply_rules(report: HealthReport, config: HealthConfig,
     """Compare every comparable metric of ``report`` with its baseline, set ``Metric.baseline``
     and raise the checks' statuses with the reason. ``history(host, key)``: earlier values of
     ``key`` (``check/metric``) on ``host``, newest first."""
+    rates = line_rates_gbps(report)
     for node in report.nodes:
         for check in node.checks:
             for metric in check.metrics:
@@ -97,6 +105,9 @@ def apply_rules(report: HealthReport, config: HealthConfig,
                 baseline = Baseline(expected, 0.0, "baseline file") if expected is not None else \
                     learned(history(node.host, key)[:config.rules.nights], config.rules) if history else None
                 if baseline is None:
+                    check.evidence.setdefault("no_baseline", []).append(metric.name)
+                    if check.name != "pairwise" or not report.suspects:
+                        _against_line_rate(check, metric, rates.get(node.host), config.rules)
                     continue
                 metric.baseline = baseline.value
                 status, worse = judge(metric, baseline, config.rules)
@@ -106,3 +117,41 @@ def apply_rules(report: HealthReport, config: HealthConfig,
                         "worse_pct": round(worse * 100, 1), "baseline_from": baseline.source}
                     check.escalate(status, f"{metric.name} {metric.value:.4g} {metric.unit} is {worse:.0%} worse "
                                            f"than its baseline {baseline.value:.4g} ({baseline.source})")
+
+
+def line_rates_gbps(report: HealthReport) -> dict[str, float]:
+    """Each host's line rate (Gb/s): its fastest NIC's (a netdev's ``speed``, an RDMA port's
+    ``rate``), which carries the fabric's traffic; the job's: the slowest host's, where every
+    host has one."""
+    rates = {}
+    for node in report.nodes:
+        found = [m.value / 1000 if m.name == "speed_mbps" else m.value for c in node.checks if c.name.startswith("nic.")
+                 for m in c.metrics if m.name in ("speed_mbps", "rate_gbps")]
+        if found:
+            rates[node.host] = max(found)
+    hosts = [n.host for n in report.nodes if n.host != JOB]
+    if hosts and all(h in rates for h in hosts):
+        rates[JOB] = min(rates[h] for h in hosts)
+    return rates
+
+
+def _against_line_rate(check: Check, metric: Metric, rate_gbps: float | None, rules: Rules) -> None:
+    """Degrade ``check`` where ``metric`` (a probe's or a collective's Gb/s) is below
+    ``rules.line_rate_pct`` percent of the line rate."""
+    measured = check.name == "pairwise" or check.name.startswith("collective.")
+    if not (measured and metric.unit == "Gb/s" and rate_gbps and rules.line_rate_pct > 0):
+        return
+    share = metric.value / rate_gbps
+    if share * 100 < rules.line_rate_pct:
+        check.evidence.setdefault("below_line_rate", {})[metric.name] = {
+            "value": round(metric.value, 4), "line_rate_gbps": rate_gbps, "share_pct": round(share * 100, 3)}
+        check.escalate("warn", f"{metric.name} {metric.value:.3g} Gb/s is {share:.2%} of the NICs' line rate "
+                               f"{rate_gbps:g} Gb/s (below {rules.line_rate_pct:g}%, with no baseline to compare)")
+
+
+def no_baseline(check: Check) -> bool:
+    """Whether ``check`` passed only for want of a baseline: every metric a rule would compare
+    had none (a first night)."""
+    compared = [m for m in check.metrics if m.comparable]
+    return check.status == "pass" and bool(compared) and \
+        set(check.evidence.get("no_baseline", ())) >= {m.name for m in compared}

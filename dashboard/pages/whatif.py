@@ -12,7 +12,8 @@ from dpro.analysis.step_ops import measured_ops, predicted_ops
 from dpro.analysis.whatif import Change
 from dpro.comm_hooks import CAST_HOOKS, POWERSGD, compress_flag
 from dpro.errors import DproError
-from dpro.optimizer.report_html import breakdown_figure, speedups, step_timeline_figure
+from dpro.optimizer.report_html import breakdown_figure, step_timeline_figure
+from dpro.optimizer.report_text import speedups
 
 from dpro.dashboard.pages.common import figure, missing, table
 from dpro.dashboard.runs import NO_REPORT, RunView

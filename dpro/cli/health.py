@@ -127,7 +127,7 @@ def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
         report, code = run_rank(config, history.values if history else None)
         if report is None:
             return code
-        paths = write_reports(report, out)
+        paths = write_reports(report, out, history.values if history else None)
         run_id = history.add(report)
     finally:
         if history is not None:

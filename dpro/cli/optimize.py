@@ -13,8 +13,6 @@ import click
 from dpro.cli.options import (RUN, STRICT, analysis_options, default_run_name, ms, open_analysis, say_gaps,
                               strict_option, table)
 
-SHOWN = 10  # strategies in the table
-
 
 def _search_options(fn: Any) -> Any:
     for option in reversed([
@@ -37,6 +35,8 @@ def _search_options(fn: Any) -> Any:
                      help="Write report.md, report.html, report.json, strategy.json (the recommendation), "
                           "strategies/*.json and the trials' recordings (trials/) here."),
         click.option("--force", is_flag=True, help="With -o: replace the reports already in DIR."),
+        click.option("--all", "every", is_flag=True,
+                     help="List every strategy in report.md and on the terminal (default: the best 10 distinct)."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table."),
     ]):
         fn = option(fn)
@@ -123,21 +123,22 @@ def _check_output(output: Path | None, force: bool) -> None:
 
 def _optimize(analysis: Any, command: list[str], tricks: Any, budget: float, memory_budget: float | None,
               exact_only: bool, trial_count: int, trial_steps: int, trial_rounds: int, trial_budget: float,
-              trial_timeout: float, output: Path | None, force: bool, as_json: bool) -> None:
+              trial_timeout: float, output: Path | None, force: bool, as_json: bool, every: bool) -> None:
     """Search, measure the candidates where a command is given, write and print the report."""
-    from dpro.optimizer.report import report, write_report
+    from dpro.optimizer.report import report, with_breakdowns, write_report
     from dpro.optimizer.search import search
 
     result = search(analysis, budget_s=budget, exact_only=exact_only, memory_budget_gb=memory_budget, tricks=tricks)
-    data = report(result)
+    data = report(result, command or analysis.run.manifest.get("command"))
     if command:
         data = _trials(data, command, trial_count, trial_steps, trial_rounds, trial_budget, trial_timeout, output)
+    data = with_breakdowns(data, result)
     if output is not None:
-        write_report(data, result, output, analysis)
+        write_report(data, result, output, analysis, every)
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
-    print_report(data, output)
+    print_report(data, output, every)
 
 
 def _trials(data: dict[str, Any], command: list[str], count: int, steps: int, rounds: int, budget: float,
@@ -158,18 +159,20 @@ def _trials(data: dict[str, Any], command: list[str], count: int, steps: int, ro
     return with_trials(data, trials, steps, rounds)
 
 
-def print_report(data: dict[str, Any], output: Path | None) -> None:
-    """The recommendation first, then the lines, the code changes and the notes."""
-    from dpro.optimizer.report_html import speedups
+def print_report(data: dict[str, Any], output: Path | None, every: bool = False) -> None:
+    """The answer first, then the trials, the lines, the code changes and the notes."""
+    from dpro.optimizer.report_text import TOP, apply_command, folded, headline, speedups
 
     verdict, best = data["recommendation"], data["strategies"][0]
-    click.echo(f"baseline: {data['baseline_step_ms']:.1f} ms per step (the median step outside the profiling window)")
+    title, detail = headline(data)
+    click.echo(f"{title}. {detail}")
     if verdict["verdict"] == "change":
-        click.echo(f"recommended: {best['name']}: {verdict['why']}")
+        click.echo(f"why: {verdict['why']}")
+        click.echo(f"apply: {apply_command(data, str(output) if output is not None else 'DIR')}"
+                   + ("" if output is not None else "   (-o DIR writes DIR/strategy.json)"))
+        click.echo("or change the script:")
         for line in best["change"]:
             click.echo(f"  {line}")
-    else:
-        click.echo(f"recommended: keep the job as it is: {verdict['why']}")
     if "trials" in data:
         t = data["trials"]
         click.echo(f"trials ({t['steps']} steps each, {t['rounds']} interleaved rounds):")
@@ -185,15 +188,15 @@ def print_report(data: dict[str, Any], output: Path | None) -> None:
         if not entries:
             continue
         click.echo(f"{title}:")
-        rows = [("strategy", "predicted ms", "speed-up (90% interval)", "status", "memory GB", "lossy", "also")]
-        for s in entries[:SHOWN]:
-            also = ", ".join(s["equivalents"][:2]) + (f" +{len(s['equivalents']) - 2}" if len(s["equivalents"]) > 2 else "")
+        rows = [("strategy", "predicted ms", "speed-up (90% interval)", "status", "memory GB", "lossy", "stands for")]
+        shown = entries if every else entries[:TOP]
+        for s in shown:
             rows.append((s["name"], ms(s["predicted_step_ms"]), speedups(s), s["status"],
-                         "?" if s["memory_gb"] is None else f"{s['memory_gb']:.3g}", "yes" if s["lossy"] else "", also))
+                         "?" if s["memory_gb"] is None else f"{s['memory_gb']:.3g}", "yes" if s["lossy"] else "", folded(s)))
         click.echo(table(rows))
-        if len(entries) > SHOWN:
-            click.echo(f"... {len(entries) - SHOWN} more" + (f" in {output / 'report.md'}" if output else
-                                                             " (--json or -o DIR lists them all)"))
+        if len(entries) > len(shown):
+            click.echo(f"... {len(entries) - len(shown)} more (--all lists them" + (f"; all in {output / 'report.json'})"
+                                                                                   if output else ")"))
     for note in data["notes"]:
         click.echo(f"note: {note}")
     source = data["intervals"]

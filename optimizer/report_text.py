@@ -1,0 +1,54 @@
+"""The words of the optimize report that its Markdown, its HTML and the command line share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpro.replayer.breakdown import CATEGORIES
+
+__all__ = ["SHOWN", "TOP", "apply_command", "breakdown_rows", "folded", "headline", "speedups"]
+
+TOP = 10  # distinct strategies the reports list first (the rest: report.json, --all)
+SHOWN = 4  # strategies whose step is drawn beside the recorded configuration's
+
+
+def speedups(s: dict[str, Any]) -> str:
+    """``1.23x (1.10-1.31x)``: the predicted speed-up and its 90% interval."""
+    shown = f"{s['predicted_speedup']:.2f}x"
+    return shown + ("" if s["speedup_interval"] is None else
+                    f" ({s['speedup_interval'][0]:.2f}-{s['speedup_interval'][1]:.2f}x)")
+
+
+def folded(s: dict[str, Any], shown: int = 2) -> str:
+    """The strategies a line stands for: the first ``shown`` names and a count of the rest."""
+    names = s["equivalents"]
+    return ", ".join(names[:shown]) + (f" +{len(names) - shown} more" if len(names) > shown else "")
+
+
+def apply_command(data: dict[str, Any], folder: str) -> str:
+    """The command that runs the job with the recommendation applied, the script unchanged."""
+    job = " ".join(data.get("command") or ["torchrun", "..."])
+    return f"dpro record --apply {folder}/strategy.json -- {job}"
+
+
+def headline(data: dict[str, Any]) -> tuple[str, str]:
+    """The answer in two sentences: ``(what to do, what it is predicted and measured to give)``."""
+    verdict, best, baseline = data["recommendation"], data["strategies"][0], data["baseline_step_ms"]
+    if verdict["verdict"] != "change":
+        return ("Keep the job as it is", f"{verdict['why'][:1].upper()}{verdict['why'][1:]}. Its step is "
+                f"{baseline:.1f} ms (measured: the median step outside the profiling window).")
+    interval = "" if best["interval_ms"] is None else \
+        f" (90% interval {best['interval_ms'][0]:.1f}-{best['interval_ms'][1]:.1f} ms)"
+    measured = "" if best.get("measured_ms") is None else f"; measured {best['measured_ms']:.1f} ms in trials"
+    exact = ("Lossy: the gradients are compressed, the numerics change." if best["lossy"]
+             else "Exact: the numerics do not change.")
+    return (f"Recommended: {best['name']}",
+            f"Predicted {best['predicted_step_ms']:.1f} ms per step{interval} against the measured {baseline:.1f} ms: "
+            f"{speedups(best)}{measured}. {exact}")
+
+
+def breakdown_rows(data: dict[str, Any]) -> list[list[str]]:
+    """The critical path's split (ms) as recorded and under each line it was drawn for:
+    ``[label, span, compute, ...]``."""
+    return [[name if name == "as-recorded" else f"{name} (predicted)", f"{b['span']:.1f}",
+             *(f"{b[c]:.1f}" for c in CATEGORIES)] for name, b in data.get("breakdowns", {}).items()]
