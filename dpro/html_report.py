@@ -1,18 +1,21 @@
 """The HTML pages dpro writes for people (``dpro optimize``'s ``report.html``, ``dpro health``'s
-``health.html``): one stylesheet, plotly.js once per folder, nothing fetched from the network.
+``health.html``): one stylesheet, plotly.js written once into a shared folder (named by its
+version, so an upgrade writes a new one), nothing fetched from the network.
 
-    >>> html = page("dpro health: healthy", "<p>...</p>", scripts=plotly_beside(folder))   # doctest: +SKIP
+    >>> html = page("dpro health: healthy", "<p>...</p>", scripts=plotly_script(nights, tonight))   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import os
 from html import escape
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PLOTLY_FILE", "STYLE", "figure_div", "page", "plotly_beside", "table"]
+from dpro.run_format import write_atomically
 
-PLOTLY_FILE = "plotly.min.js"
+__all__ = ["STYLE", "figure_div", "page", "plotly_file", "plotly_script", "table"]
+
 STYLE = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1f2328;
        max-width: 1200px; margin: 0 auto; padding: 16px 28px 48px; }
@@ -41,19 +44,28 @@ def page(title: str, body: str, scripts: str = "") -> str:
             f"</head><body>{body}</body></html>")
 
 
-def plotly_beside(folder: Path) -> str:
-    """Write plotly.js into ``folder`` unless it is there already (a report folder holds one copy
-    whatever its pages); the tag that loads it from there."""
-    path = folder / PLOTLY_FILE
+def plotly_file() -> str:
+    """``plotly-<version>.min.js``: the installed plotly's script, by name."""
+    import plotly
+
+    return f"plotly-{plotly.__version__}.min.js"
+
+
+def plotly_script(assets: Path, folder: Path) -> str:
+    """Write plotly.js into ``assets`` unless that version is there already (atomically: an
+    interrupted write leaves none); the tag that loads it from a page in ``folder``."""
+    path = assets / plotly_file()
     if not path.exists():
         from plotly.offline import get_plotlyjs
 
-        path.write_text(get_plotlyjs(), encoding="utf-8")
-    return f"<script src='{PLOTLY_FILE}' charset='utf-8'></script>"
+        assets.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda tmp: tmp.write_text(get_plotlyjs(), encoding="utf-8"))
+    source = Path(os.path.relpath(path, folder)).as_posix()
+    return f"<script src='{escape(source)}' charset='utf-8'></script>"
 
 
 def figure_div(fig: Any) -> str:
-    """A plotly figure as a ``<div>`` drawn by the page's plotly.js (:func:`plotly_beside`)."""
+    """A plotly figure as a ``<div>`` drawn by the page's plotly.js (:func:`plotly_script`)."""
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
 
 

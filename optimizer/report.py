@@ -17,9 +17,9 @@ from dpro.replayer.breakdown import CATEGORIES, mean_breakdown
 from dpro.run_format import write_json_atomic
 
 from dpro.optimizer.report_html import write_html
-from dpro.optimizer.report_text import SHOWN, TOP, apply_command, breakdown_rows, folded, headline, speedups
+from dpro.optimizer.report_text import (APART, SHOWN, TOP, apply_command, appliable, breakdown_rows, folded, headline,
+                                        keep_hint, speedups)
 from dpro.optimizer.search import Evaluated, SearchResult
-from dpro.optimizer.strategy import Strategy
 from dpro.optimizer.trials import Trial, best
 from dpro.optimizer.uncertainty import interval, intervals_source
 
@@ -110,11 +110,11 @@ def with_trials(data: dict[str, Any], trials: list[Trial], steps: int, rounds: i
     baseline = trials[0].median_ms
     winner = best(trials)
     found = {x["name"]: x for x in data["strategies"]}
-    for line in data["strategies"]:  # a measured equivalent is a line of its own from now on
+    measured = {t.name for t in trials}
+    for line in data["strategies"]:  # a measured equivalent is a line of its own from now on, with its own figures
         for e in line["equivalent_strategies"]:
-            if any(t.name == e["name"] for t in trials):
-                found[e["name"]] = {**line, **e, "name": e["name"], "equivalents": [], "equivalent_strategies": [],
-                                    "change": Strategy(e["apply"]).code(), "status": line["status"]}
+            if e["name"] in measured:
+                found[e["name"]] = {**e, "equivalents": [], "equivalent_strategies": []}
     for t in trials:
         if t.name in found:
             found[t.name]["measured_ms"] = t.median_ms
@@ -136,6 +136,9 @@ def with_trials(data: dict[str, Any], trials: list[Trial], steps: int, rounds: i
                 x["status"] = "proven"
         chosen["status"] = "recommended" if verdict["verdict"] == "change" else "as recorded"
         strategies = [chosen] + [x for x in strategies if x["name"] != chosen["name"]]
+        for line in strategies[1:]:  # the chosen equivalent stands for itself now, no longer in its line's count
+            line["equivalents"] = [n for n in line["equivalents"] if n != chosen["name"]]
+            line["equivalent_strategies"] = [e for e in line["equivalent_strategies"] if e["name"] != chosen["name"]]
     return {**data, "recommendation": verdict, "strategies": strategies,
             "trials": {"steps": steps, "rounds": rounds, "results": [t.as_dict(baseline) for t in trials]}}
 
@@ -177,7 +180,7 @@ def lines(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group = [head] + [x for x in left[1:] if x["lossy"] == head["lossy"] and _within(x, head) and _within(head, x)]
         line = min(group, key=lambda x: (len(x["apply"]), x["predicted_step_ms"]))
         line["equivalents"] = [x["name"] for x in group if x is not line]
-        line["equivalent_strategies"] = [{k: x[k] for k in ("name", "apply", "predicted_step_ms")}
+        line["equivalent_strategies"] = [{k: v for k, v in x.items() if k not in ("equivalents", "equivalent_strategies")}
                                          for x in group if x is not line]
         out.append(line)
         left = [x for x in left if not any(x is g for g in group)]
@@ -242,11 +245,13 @@ def markdown(data: dict[str, Any], every: bool = False, folder: str = "DIR") -> 
     title, detail = headline(data)
     out = ["# dpro optimize", "", f"**{title}.** {detail}", ""]
     if verdict["verdict"] == "change":
-        out += [f"Why: {verdict['why']}.", "", "Apply it without editing the script:", "", "```sh",
-                apply_command(data, folder), "```", "", "or change the script:", "", "```python", *best["change"], "```",
-                ""]
+        out += [f"Why: {verdict['why']}.", ""]
+        if appliable(best):
+            out += ["Apply it without editing the script:", "", "```sh", apply_command(data, folder), "```", "",
+                    "or change the script:", ""]
+        out += ["```python", *best["change"], "```", ""]
     else:
-        out += ["`dpro optimize RUN --trial -- torchrun ...` measures the best candidates.", ""]
+        out += [keep_hint(data), ""]
     if "trials" in data:
         t = data["trials"]
         out += [f"## Measured trials ({t['steps']} steps each, {t['rounds']} interleaved rounds)", "",
@@ -274,7 +279,7 @@ def markdown(data: dict[str, Any], every: bool = False, folder: str = "DIR") -> 
                 "|---|" + "---|" * (len(CATEGORIES) + 1), *(f"| {' | '.join(r)} |" for r in rows), ""]
     apart = data["code_changes"]
     if apart:
-        listed = apart if every else apart[:TOP // 2]
+        listed = apart if every else apart[:APART]
         out += ["## Code changes (never recommended: `--apply` cannot set them, or no held-out case scored them)", "",
                 *_rows(listed), ""]
         if len(listed) < len(apart):

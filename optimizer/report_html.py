@@ -27,12 +27,13 @@ import pandas as pd
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.step_ops import measured_ops, predicted_ops
 from dpro.analysis.whatif import Prediction
-from dpro.html_report import figure_div, page, plotly_beside, table
-from dpro.replayer.breakdown import CATEGORIES, mean_breakdown
+from dpro.html_report import figure_div, page, plotly_script, table
+from dpro.replayer.breakdown import CATEGORIES
 
-from dpro.optimizer.report_text import SHOWN, TOP, apply_command, breakdown_rows, folded, headline, speedups
+from dpro.optimizer.report_text import (APART, SHOWN, TOP, apply_command, appliable, breakdown_rows, folded, headline,
+                                        keep_hint, speedups)
 
-__all__ = ["breakdown_figure", "step_timeline_figure", "write_html"]
+__all__ = ["breakdown_figure", "interval_figure", "step_timeline_figure", "write_html"]
 
 COLORS = {"compute": "#4c78a8", "communication": "#e45756", "waiting": "#f58518", "launch_bound": "#b279a2",
           "idle": "#bab0ac"}
@@ -42,14 +43,14 @@ HEADER = ["#", "strategy", "predicted ms", "speed-up (90% interval)", "status", 
 
 def write_html(analysis: RunAnalysis, data: dict[str, Any], recorded: Prediction, replayed: dict[str, Prediction],
                path: Path, shown: int = SHOWN) -> None:
-    """Write the report of :func:`dpro.optimizer.report.report`'s ``data`` for ``analysis`` to
-    ``path`` (plotly.js beside it): the recorded configuration and the ``shown`` first lines
-    that change it drawn from the search's own predictions (``recorded``, ``replayed`` by name):
-    nothing is predicted again."""
+    """Write the report of :func:`dpro.optimizer.report.report`'s ``data`` (with its
+    ``breakdowns``, :func:`dpro.optimizer.report.with_breakdowns`) for ``analysis`` to ``path``
+    (plotly.js beside it): the timelines of the recorded configuration and of the ``shown``
+    first lines that change it, drawn from the search's own predictions (``recorded``,
+    ``replayed`` by name): nothing is predicted again."""
     chosen = [s["name"] for s in data["strategies"] + data["code_changes"] if s["apply"]][:shown]
     predictions = [("recorded", recorded)] + [(name, replayed[name]) for name in chosen]
-    split = breakdown_figure({name if name == "recorded" else f"{name} (predicted)": mean_breakdown(p.graph, p.replay)
-                              for name, p in predictions},
+    split = breakdown_figure({row[0]: breakdown for row, breakdown in zip(breakdown_rows(data), data["breakdowns"].values())},
                              "Where the step goes (critical path, ms, mean over ranks)")
     rank = min(analysis.graph.step_ns)
     rows = [("measured (the profiled window's typical step)", measured_ops(analysis.graph, rank))]
@@ -76,15 +77,15 @@ def write_html(analysis: RunAnalysis, data: dict[str, Any], recorded: Prediction
              "are.</p>"]
     if apart:
         body += ["<h2>Code changes (never recommended: <code>--apply</code> cannot set them, or no held-out case "
-                 "scored them)</h2>", _table(apart[:TOP // 2])]
-        if len(apart) > TOP // 2:
+                 "scored them)</h2>", _table(apart[:APART])]
+        if len(apart) > APART:
             body.append(f"<details><summary>All {len(apart)} code changes</summary>{_table(apart)}</details>")
     if data["notes"]:
         body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in data["notes"]) + "</ul>")
     search = data["search"]
     body.append(f"<p class='muted'>Search: {search['evaluated']} of {search['space']} strategies in "
                 f"{search['elapsed_s']:.1f} s{'' if search['exhaustive'] else ' (the budget ran out)'}.</p>")
-    path.write_text(page(f"dpro optimize: {analysis.root.name}", "".join(body), plotly_beside(path.parent)))
+    path.write_text(page(f"dpro optimize: {analysis.root.name}", "".join(body), plotly_script(path.parent, path.parent)))
 
 
 def _answer(data: dict[str, Any], folder: Path) -> str:
@@ -94,15 +95,19 @@ def _answer(data: dict[str, Any], folder: Path) -> str:
     out = [f"<div class='answer{'' if verdict['verdict'] == 'change' else ' keep'}' id='answer'>",
            f"<div class='headline'>{escape(title)}</div><p>{escape(detail)}</p>"]
     if verdict["verdict"] == "change":
-        out += [f"<p>Why: {escape(verdict['why'])}.</p>",
-                f"<p>Apply it without editing the script:</p><pre>{escape(apply_command(data, str(folder)))}</pre>",
-                "<p>or change the script:</p><pre>" + escape("\n".join(best["change"])) + "</pre>"]
+        out.append(f"<p>Why: {escape(verdict['why'])}.</p>")
+        if appliable(best):
+            out += [f"<p>Apply it without editing the script:</p><pre>{escape(apply_command(data, str(folder)))}</pre>",
+                    "<p>or change the script:</p>"]
+        out.append("<pre>" + escape("\n".join(best["change"])) + "</pre>")
     else:
-        out.append("<p><code>dpro optimize RUN --trial -- torchrun ...</code> measures the best candidates.</p>")
+        out.append(f"<p>{escape(keep_hint(data)).replace('`', '')}</p>")
     return "".join(out) + "</div>"
 
 
 def _trials(trials: dict[str, Any]) -> str:
+    """The measured trials' table."""
+
     def ms(v: float | None) -> str:
         return "" if v is None else f"{v:.1f}"
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from dpro.replayer.breakdown import CATEGORIES
 
-__all__ = ["SHOWN", "TOP", "apply_command", "breakdown_rows", "folded", "headline", "speedups"]
+__all__ = ["APART", "SHOWN", "TOP", "apply_command", "appliable", "breakdown_rows", "folded", "headline",
+           "keep_hint", "speedups"]
 
 TOP = 10  # distinct strategies the reports list first (the rest: report.json, --all)
+APART = 5  # code changes they list first
 SHOWN = 4  # strategies whose step is drawn beside the recorded configuration's
 
 
@@ -25,10 +28,25 @@ def folded(s: dict[str, Any], shown: int = 2) -> str:
     return ", ".join(names[:shown]) + (f" +{len(names) - shown} more" if len(names) > shown else "")
 
 
+def appliable(s: dict[str, Any]) -> bool:
+    """Whether ``dpro record --apply`` sets the whole of line ``s`` (no change by hand)."""
+    return bool(s["apply"]) and not s["code_change"]
+
+
 def apply_command(data: dict[str, Any], folder: str) -> str:
-    """The command that runs the job with the recommendation applied, the script unchanged."""
-    job = " ".join(data.get("command") or ["torchrun", "..."])
-    return f"dpro record --apply {folder}/strategy.json -- {job}"
+    """The command that runs the job with the recommendation applied, the script unchanged
+    (quoted for a POSIX shell)."""
+    job = shlex.join(data["command"]) if data.get("command") else "torchrun ..."
+    return f"dpro record --apply {shlex.quote(f'{folder}/strategy.json')} -- {job}"
+
+
+def keep_hint(data: dict[str, Any]) -> str:
+    """What to do when the answer is to keep the job: measure the best candidates, unless the
+    trials just did."""
+    if "trials" in data:
+        return "The trials measured the best candidates: none was faster."
+    job = shlex.join(data["command"]) if data.get("command") else "torchrun ..."
+    return f"`dpro optimize RUN --trial -- {job}` measures the best candidates."
 
 
 def headline(data: dict[str, Any]) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -193,14 +194,15 @@ def test_the_html_report_splits_each_step_and_shows_each_timeline(analysis: RunA
     assert "measured (the profiled window" in html and "predicted: recorded" in html
     assert [name for name in changing if f'"predicted: {name}"' in html] == changing[:2]
     # plotly.js once, beside the page: the page fetches nothing from the network
-    assert "<script src='plotly.min.js'" in html and (tmp_path / "plotly.min.js").stat().st_size > 1e6
-    assert "http://" not in html.replace("http://www.w3.org", "") and "https://cdn" not in html
+    [plotly] = tmp_path.glob("plotly-*.min.js")
+    assert f"<script src='{plotly.name}'" in html and plotly.stat().st_size > 1e6
+    assert not re.findall(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html), "nothing fetched from the network"
     assert html.index("id='answer'") < html.index("<h2>Strategies") < html.index("<h2>Where the step goes")
     assert "dpro record --apply" in html and "-- torchrun train.py" in html
 
 
 def test_the_html_report_leads_with_the_answer_in_a_real_browser(analysis: RunAnalysis, tmp_path: Path,
-                                                                  browser) -> None:
+                                                                  browser, capsys) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
     data, changing = _html_report(analysis, tmp_path / "report.html")
@@ -214,7 +216,7 @@ def test_the_html_report_leads_with_the_answer_in_a_real_browser(analysis: RunAn
         return {text: a.innerText, top: r.top, bottom: r.bottom, height: window.innerHeight}""")
     expected = f"Recommended: {data['strategies'][0]['name']}" if data["recommendation"]["verdict"] == "change" \
         else "Keep the job as it is"
-    assert expected in answer["text"] and 0 <= answer["top"] < answer["height"], answer
+    assert expected in answer["text"] and 0 <= answer["top"] and answer["bottom"] <= answer["height"], answer
     figures = browser.execute_script("""return Array.from(document.querySelectorAll('.js-plotly-plot')).map(
         gd => ({names: gd.data.map(t => t.name), bars: gd.querySelectorAll('.bars .point').length,
                 points: gd.querySelectorAll('.scatterlayer .point').length,
@@ -228,7 +230,8 @@ def test_the_html_report_leads_with_the_answer_in_a_real_browser(analysis: RunAn
     errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
     sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
-    print(f"optimize report sizes (bytes): {sizes}")
+    with capsys.disabled():
+        print(f"\noptimize report sizes (bytes): {sizes}")
     assert sizes["report.html"] < 1e6
 
 

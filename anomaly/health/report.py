@@ -2,8 +2,9 @@
 ``health.md`` for people and tickets, and ``health.html``, one page that leads with the verdict
 and the top suspect: the suspects with their evidence, every node's checks (failing first),
 the pairwise matrix, the collectives' bus bandwidth and, with a history, each flagged metric's
-nights (plotly.js written once beside it, :mod:`dpro.html_report`). Nothing already in the
-folder is overwritten."""
+nights. plotly.js is written once into the folder that holds the report's folder (the nights'
+folders share it, :func:`dpro.html_report.plotly_script`). Nothing already in the folder is
+overwritten."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dpro.errors import DproError
-from dpro.html_report import figure_div, page, plotly_beside, table
+from dpro.html_report import figure_div, page, plotly_script, table
 
 from dpro.anomaly.health.model import JOB, STATUSES, Check, HealthReport
 from dpro.anomaly.health.rules import no_baseline
 
-__all__ = ["ReportExistsError", "check_free", "markdown", "shown_status", "summary", "write_reports"]
+__all__ = ["ReportExistsError", "check_free", "html", "markdown", "shown_status", "summary", "write_reports"]
 
 FILES = ("health.json", "health.md", "health.html")
 MARK = {"pass": "ok", "skip": "skipped", "warn": "WARN", "fail": "FAIL"}
@@ -50,7 +51,7 @@ def write_reports(report: HealthReport, out: Path,
     paths = {"json": out / "health.json", "markdown": out / "health.md", "html": out / "health.html"}
     paths["json"].write_text(json.dumps(report.to_json(), indent=1, default=str))
     paths["markdown"].write_text(markdown(report))
-    paths["html"].write_text(html(report, plotly_beside(out), history))
+    paths["html"].write_text(html(report, plotly_script(out.resolve().parent, out.resolve()), history))
     return paths
 
 
@@ -145,7 +146,9 @@ def html(report: HealthReport, scripts: str, history: Callable[[str, str], list[
     body += ["<h2>Checks (failing first)</h2>", table(["node", "check", "status", "metrics", "note"], [
         [escape(h), escape(c.name), f"<span class='{_css(shown_status(c))}'>{shown_status(c)}</span>",
          escape(_metrics(c)), escape(c.message)] for h, c in _failing_first(report)])]
-    body += ["<h2>Pairwise matrix and collectives</h2>", figure_div(_figure(report))]
+    body += ["<h2>Pairwise matrix and collectives</h2>" + ("" if report.facts.get("pairwise") else
+                                                           "<p class='muted'>One host: no pairs to probe.</p>"),
+             figure_div(_figure(report))]
     trends = _trends(report, history)
     if trends is not None:
         body += ["<h2>Flagged metrics, night by night</h2>", figure_div(trends)]

@@ -121,8 +121,8 @@ def apply_rules(report: HealthReport, config: HealthConfig,
 
 def line_rates_gbps(report: HealthReport) -> dict[str, float]:
     """Each host's line rate (Gb/s): its fastest NIC's (a netdev's ``speed``, an RDMA port's
-    ``rate``), which carries the fabric's traffic; the job's: the slowest host's, where every
-    host has one."""
+    ``rate``), which carries the fabric's traffic; the job's: the slowest host's, where there are
+    two hosts or more and every one has one (on one host the collectives never cross a NIC)."""
     rates = {}
     for node in report.nodes:
         found = [m.value / 1000 if m.name == "speed_mbps" else m.value for c in node.checks if c.name.startswith("nic.")
@@ -130,7 +130,7 @@ def line_rates_gbps(report: HealthReport) -> dict[str, float]:
         if found:
             rates[node.host] = max(found)
     hosts = [n.host for n in report.nodes if n.host != JOB]
-    if hosts and all(h in rates for h in hosts):
+    if len(hosts) > 1 and all(h in rates for h in hosts):
         rates[JOB] = min(rates[h] for h in hosts)
     return rates
 

@@ -36,7 +36,8 @@ def _search_options(fn: Any) -> Any:
                           "strategies/*.json and the trials' recordings (trials/) here."),
         click.option("--force", is_flag=True, help="With -o: replace the reports already in DIR."),
         click.option("--all", "every", is_flag=True,
-                     help="List every strategy in report.md and on the terminal (default: the best 10 distinct)."),
+                     help="List every strategy in report.md and on the terminal (default: the best 10 distinct "
+                          "and 5 code changes)."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table."),
     ]):
         fn = option(fn)
@@ -161,18 +162,23 @@ def _trials(data: dict[str, Any], command: list[str], count: int, steps: int, ro
 
 def print_report(data: dict[str, Any], output: Path | None, every: bool = False) -> None:
     """The answer first, then the trials, the lines, the code changes and the notes."""
-    from dpro.optimizer.report_text import TOP, apply_command, folded, headline, speedups
+    from dpro.optimizer.report_text import APART, TOP, apply_command, appliable, folded, headline, keep_hint, speedups
 
     verdict, best = data["recommendation"], data["strategies"][0]
     title, detail = headline(data)
     click.echo(f"{title}. {detail}")
     if verdict["verdict"] == "change":
         click.echo(f"why: {verdict['why']}")
-        click.echo(f"apply: {apply_command(data, str(output) if output is not None else 'DIR')}"
-                   + ("" if output is not None else "   (-o DIR writes DIR/strategy.json)"))
-        click.echo("or change the script:")
+        if appliable(best):
+            click.echo(f"apply: {apply_command(data, str(output) if output is not None else 'DIR')}"
+                       + ("" if output is not None else "   (-o DIR writes DIR/strategy.json)"))
+            click.echo("or change the script:")
+        else:
+            click.echo("change the script:")
         for line in best["change"]:
             click.echo(f"  {line}")
+    else:
+        click.echo(keep_hint(data).replace("`", ""))
     if "trials" in data:
         t = data["trials"]
         click.echo(f"trials ({t['steps']} steps each, {t['rounds']} interleaved rounds):")
@@ -182,14 +188,14 @@ def print_report(data: dict[str, Any], output: Path | None, every: bool = False)
                          "-" if r["measured_speedup"] is None else f"{r['measured_speedup']:.2f}x",
                          "; ".join(([r["failed"]] if r["failed"] else []) + r["left_out"])[:120]))
         click.echo(table(rows))
-    for title, entries in (("strategies (--apply sets them)", data["strategies"]),
-                           ("code changes (never recommended: the script changed by hand, or unscored)",
-                            data["code_changes"])):
+    for title, entries, top in (("strategies (--apply sets them)", data["strategies"], TOP),
+                                ("code changes (never recommended: the script changed by hand, or unscored)",
+                                 data["code_changes"], APART)):
         if not entries:
             continue
         click.echo(f"{title}:")
         rows = [("strategy", "predicted ms", "speed-up (90% interval)", "status", "memory GB", "lossy", "stands for")]
-        shown = entries if every else entries[:TOP]
+        shown = entries if every else entries[:top]
         for s in shown:
             rows.append((s["name"], ms(s["predicted_step_ms"]), speedups(s), s["status"],
                          "?" if s["memory_gb"] is None else f"{s['memory_gb']:.3g}", "yes" if s["lossy"] else "", folded(s)))
