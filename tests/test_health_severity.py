@@ -60,7 +60,8 @@ def test_with_no_baseline_the_line_rate_flags_a_slow_all_reduce_and_the_rest_rea
     assert report.verdict == "degraded"
     nic = report.node("h0").checks[0]
     assert nic.status == "pass" and shown_status(nic) == "no baseline"
-    assert "| h0 | nic.eth0 | no baseline |" in markdown(report) and "| ok |" not in markdown(report)
+    assert "| h0 | nic.eth0 | no baseline | speed_mbps=1e+04 Mb/s (no baseline) |" in markdown(report)
+    assert "| ok |" not in markdown(report)
 
 
 def test_the_line_rate_rule_leaves_alone_one_host_a_fast_job_and_probes_the_matrix_explains() -> None:

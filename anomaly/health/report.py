@@ -74,8 +74,11 @@ def _evidence(evidence: dict[str, Any]) -> str:
 
 
 def _metrics(check: Check) -> str:
+    """``name=value unit (baseline b)``, or ``(no baseline)`` for a value a rule had nothing to compare with."""
+    missing = set(check.evidence.get("no_baseline", ()))
     return ", ".join(f"{m.name}={m.value:.4g}{(' ' + m.unit) if m.unit and m.unit != 'count' else ''}"
-                     + (f" (baseline {m.baseline:.4g})" if m.baseline is not None else "") for m in check.metrics)
+                     + (f" (baseline {m.baseline:.4g})" if m.baseline is not None else
+                        " (no baseline)" if m.name in missing else "") for m in check.metrics)
 
 
 def summary(report: HealthReport) -> str:
