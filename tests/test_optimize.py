@@ -198,7 +198,10 @@ def test_the_html_report_splits_each_step_and_shows_each_timeline(analysis: RunA
     assert f"<script src='{plotly.name}'" in html and plotly.stat().st_size > 1e6
     assert not re.findall(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html), "nothing fetched from the network"
     assert html.index("id='answer'") < html.index("<h2>Strategies") < html.index("<h2>Where the step goes")
-    assert "dpro record --apply" in html and "-- torchrun train.py" in html
+    best = data["strategies"][0]
+    offered = data["recommendation"]["verdict"] == "change" and bool(best["apply"]) and not best["code_change"]
+    assert ("dpro record --apply" in html) == offered, data["recommendation"]  # the run's figures decide which
+    assert ("-- torchrun train.py" in html) == offered or "--trial -- torchrun train.py" in html
 
 
 def test_the_html_report_leads_with_the_answer_in_a_real_browser(analysis: RunAnalysis, tmp_path: Path,
