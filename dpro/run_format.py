@@ -259,19 +259,27 @@ class Run:
         return [r for r in self.ranks if self.trace_path(r) is not None]
 
     @cached_property
+    def metas(self) -> dict[int, RankMeta | None]:
+        """Each rank's ``meta.json`` (:meth:`rank_meta`), read once per opened run; None where it
+        is unreadable."""
+        out: dict[int, RankMeta | None] = {}
+        for r in self.ranks:
+            try:
+                out[r] = self.rank_meta(r)
+            except RunFormatError:
+                out[r] = None
+        return out
+
+    @cached_property
     def gaps(self) -> list[str]:
         """What this run lacks that a whole recording holds, one line each (empty when whole):
         ranks of the job (``world_size`` in the ranks' metadata) that wrote nothing, ranks whose
         ``meta.json`` is missing or unreadable, ranks without the trace the others wrote. Cheap
         (no trace is decoded) and read once per opened run."""
-        ranks, metas, gaps = self.ranks, {}, []
-        for r in ranks:
-            try:
-                metas[r] = self.rank_meta(r)
-            except RunFormatError:
-                gaps.append(f"rank {r}'s {META_FILE} is unreadable")
-        gaps += [f"rank {r} wrote no {META_FILE}" for r in ranks if r in metas and not metas[r].present]
-        world = max((m.world_size or 0 for m in metas.values()), default=0)
+        ranks, metas = self.ranks, self.metas
+        gaps = [f"rank {r}'s {META_FILE} is unreadable" for r, m in metas.items() if m is None]
+        gaps += [f"rank {r} wrote no {META_FILE}" for r, m in metas.items() if m is not None and not m.present]
+        world = max((m.world_size or 0 for m in metas.values() if m is not None), default=0)
         absent = sorted(set(range(world)) - set(ranks))
         if absent:
             gaps.insert(0, f"{_rank_list(absent)} of the job's {world} wrote nothing")

@@ -13,6 +13,7 @@ Like the run format, importing this module is cheap: the hooks inside the traini
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,9 +215,7 @@ class Timing:
 
     @property
     def median_ns(self) -> float:
-        ordered = sorted(self.times_ns)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return statistics.median(self.times_ns)
 
 
 @dataclass(frozen=True)

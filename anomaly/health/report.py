@@ -20,7 +20,8 @@ from plotly.subplots import make_subplots
 from dpro.errors import DproError
 from dpro.html_report import figure_div, page, plotly_script, table
 
-from dpro.anomaly.health.model import JOB, STATUSES, Check, HealthReport
+from dpro.anomaly.health.config import Rules
+from dpro.anomaly.health.model import JOB, STATUSES, Check, HealthReport, Node
 from dpro.anomaly.health.rules import no_baseline
 
 __all__ = ["ReportExistsError", "check_free", "html", "markdown", "shown_status", "summary", "write_reports"]
@@ -83,10 +84,19 @@ def _metrics(check: Check) -> str:
 
 def summary(report: HealthReport) -> str:
     """One line: the verdict, and the first thing to look at."""
-    bad = [(n.host, c) for n in report.nodes for c in n.checks if c.status in ("warn", "fail")]
-    bad.sort(key=lambda hc: hc[1].status != "fail")
+    bad = _not_passing(_failing_first(report))
     first = f": {bad[0][0]} {bad[0][1].name}: {bad[0][1].message}" if bad else ""
     return f"{report.verdict}{first}"
+
+
+def _not_passing(checks: list[tuple[str, Check]]) -> list[tuple[str, Check]]:
+    """The degraded and failed ones of ``checks``, in their order."""
+    return [(h, c) for h, c in checks if c.status in ("warn", "fail")]
+
+
+def _node_problems(node: Node) -> str:
+    """``check: why; ...`` of the node's degraded and failed checks, ``-`` for none."""
+    return "; ".join(f"{c.name}: {c.message}" for _, c in _not_passing([(node.host, c) for c in node.checks])) or "-"
 
 
 def markdown(report: HealthReport) -> str:
@@ -102,9 +112,7 @@ def markdown(report: HealthReport) -> str:
                   f"{_drop(s.evidence)} | {s.score:.3g} | {_evidence(s.evidence)} |" for i, s in enumerate(report.suspects, 1)]
         lines.append("")
     lines += ["## Nodes", "", "| node | verdict | not passing |", "|---|---|---|"]
-    for node in report.nodes:
-        bad = [f"{c.name}: {c.message}" for c in node.checks if c.status in ("warn", "fail")]
-        lines.append(f"| {node.host} | {node.verdict} | {'; '.join(bad) or '-'} |")
+    lines += [f"| {node.host} | {node.verdict} | {_node_problems(node)} |" for node in report.nodes]
     lines += ["", "## Checks (failing first)", "", "| node | check | status | metrics | note |", "|---|---|---|---|---|"]
     lines += [f"| {host} | {c.name} | {shown_status(c)} | {_metrics(c)} | {c.message} |"
               for host, c in _failing_first(report)]
@@ -118,7 +126,8 @@ def _drop(evidence: dict[str, Any]) -> str:
 def html(report: HealthReport, scripts: str, history: Callable[[str, str], list[float]] | None = None) -> str:
     """``health.html``: the verdict and the top suspect first (module docstring)."""
     hosts = [n for n in report.nodes if n.host != JOB]
-    bad = [(h, c) for h, c in _failing_first(report) if c.status in ("warn", "fail")]
+    checks = _failing_first(report)
+    bad = _not_passing(checks)
     if report.suspects:
         top = report.suspects[0]
         drop = _drop(top.evidence)
@@ -128,8 +137,8 @@ def html(report: HealthReport, scripts: str, history: Callable[[str, str], list[
     elif bad:
         lead = f"First to look at: {escape(bad[0][0])} {escape(bad[0][1].name)}: {escape(bad[0][1].message)}"
     else:
-        lead = "Every check passed" + (" (some with no baseline yet)" if any(no_baseline(c) for _, c in
-                                                                           _failing_first(report)) else "") + "."
+        lead = "Every check passed" + (" (some with no baseline yet)" if any(no_baseline(c) for _, c in checks)
+                                       else "") + "."
     body = [f"<h1>dpro health: {escape(report.started)}</h1>",
             f"<div class='answer {report.verdict if report.verdict != 'healthy' else ''}' id='verdict'>"
             f"<div class='headline'>Verdict: {escape(report.verdict)}</div><p>{lead}</p>"
@@ -144,11 +153,11 @@ def html(report: HealthReport, scripts: str, history: Callable[[str, str], list[
             numeric=(0, 5, 6))]
     body += ["<h2>Nodes</h2>", table(["node", "verdict", "not passing"], [
         [escape(n.host), f"<span class='{_css(n.verdict)}'>{n.verdict}</span>",
-         escape("; ".join(f"{c.name}: {c.message}" for c in n.checks if c.status in ("warn", "fail")) or "-")]
+         escape(_node_problems(n))]
         for n in report.nodes])]
     body += ["<h2>Checks (failing first)</h2>", table(["node", "check", "status", "metrics", "note"], [
         [escape(h), escape(c.name), f"<span class='{_css(shown_status(c))}'>{shown_status(c)}</span>",
-         escape(_metrics(c)), escape(c.message)] for h, c in _failing_first(report)])]
+         escape(_metrics(c)), escape(c.message)] for h, c in checks])]
     body += ["<h2>Pairwise matrix and collectives</h2>" + ("" if report.facts.get("pairwise") else
                                                            "<p class='muted'>One host: no pairs to probe.</p>"),
              figure_div(_figure(report))]
@@ -167,7 +176,7 @@ def _trends(report: HealthReport, history: Callable[[str, str], list[float]] | N
     """One line per metric a rule flagged against its history: its earlier nights, then tonight."""
     if history is None:
         return None
-    nights = int(report.facts.get("rules", {}).get("nights", 14))
+    nights = int(report.facts.get("rules", {}).get("nights", Rules().nights))
     fig = go.Figure()
     for node in report.nodes:
         for check in node.checks:

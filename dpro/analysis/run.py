@@ -49,7 +49,6 @@ from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.breakdown import mean_breakdown
 from dpro.replayer.result import Replay
-import dpro.run_format
 from dpro.run_format import Run, open_run
 from dpro.run_records import Calibration, DdpLayout, RankMeta
 from dpro.stats import job_mean
@@ -100,13 +99,7 @@ class RunAnalysis:
     def metas(self) -> dict[int, RankMeta]:
         """Each rank's ``meta.json`` (not ``present`` where it is missing or unreadable: a
         partial run, which :attr:`dpro.run_format.Run.gaps` says)."""
-        out = {}
-        for r in self.ranks:
-            try:
-                out[r] = self.run.rank_meta(r)
-            except dpro.run_format.RunFormatError:
-                out[r] = RankMeta()
-        return out
+        return {r: m or RankMeta() for r, m in self.run.metas.items()}
 
     @cached_property
     def parallelism(self) -> Parallelism:
