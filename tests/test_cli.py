@@ -63,6 +63,18 @@ def test_info_on_a_run_of_an_unknown_major_version(recorded_run: Path, tmp_path:
     assert_one_line_error(dpro("info", future), "run format 2.0", "reads 1.x")
 
 
+def test_info_on_a_single_real_trace() -> None:
+    """A public A100 trace (tests/data/NOTICE), read as one trace: its rank, steps and events."""
+    from .conftest import ROOT
+
+    result = dpro("info", ROOT / "tests" / "data" / "gpu" / "a100-2rank-ddp-rank0.json.gz", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["kind"] == "trace" and summary["ranks"] == [0]
+    assert summary["per_rank"][0]["steps"] > 0 and summary["per_rank"][0]["events"] > 0
+    assert dpro("info", ROOT / "tests" / "data" / "gpu" / "a100-2rank-ddp-rank0.json.gz").returncode == 0
+
+
 @pytest.mark.parametrize("content", [b"", b"not json at all", gzip.compress(b"{\"traceEvents\": [")[:-4],
                                      b"{\"no\": \"events\"}"])
 def test_info_on_an_unreadable_trace(tmp_path: Path, content: bytes) -> None:

@@ -87,7 +87,7 @@ def summarize_trace(path: Path, rank: int | None = None) -> dict[str, Any]:
         "slowest_rank": meta["rank"] if len(steps) else None,
         "per_rank": [{
             "rank": meta["rank"],
-            "host": meta.host or None,
+            "host": meta.get("host"),
             "steps": len(steps),
             "steps_timed": len(steps),
             "step_ms": step_stats_ms(durations),
