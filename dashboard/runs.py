@@ -58,7 +58,7 @@ class RunView:
     analysis: RunAnalysis
     extras: Extras = field(default_factory=Extras)
     missing: list[str] = field(default_factory=list)
-    gaps: list[str] = field(default_factory=list)  # what a partial run lacks (Run.gaps)
+    gaps: list[str] = field(default_factory=list)  # what a partial run lacks (Run.gaps, undecodable traces)
     no_replay: str | None = None  # why there is no timeline, replay or what-if (None: there is)
     _predictions: OrderedDict = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,6 +78,9 @@ class RunView:
                 _ = self.lanes, self.critical, self.occurrence, self.breakdowns
             except DproError as e:
                 self.no_replay = f"replay: {e}"
+            else:
+                self.gaps = self.gaps + [f"rank {r}'s trace cannot be decoded ({why})"
+                                         for r, why in self.analysis.undecodable.items()]
         if self.no_replay is not None:
             self.missing.append(self.no_replay)
         if self.analysis.step_times.empty:

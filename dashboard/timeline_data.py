@@ -96,7 +96,7 @@ def build_lanes(analysis: RunAnalysis) -> Lanes:
     """Every rank's profiled ops in lanes, aligned (see the module docstring)."""
     offsets = analysis.offsets
     frames, steps = [], []
-    for rank in analysis.ranks:
+    for rank in analysis.analysed_ranks:
         tables = analysis.tables(rank)
         e = tables.events
         offset = int(offsets.get(rank, 0))

@@ -99,7 +99,10 @@ def user_cache_dir() -> Path:
 
 
 def may_write(folder: Path) -> bool:
-    """Writable, and not marked read-only by its permission bits (which root would ignore)."""
+    """Writable, and not marked read-only by its permission bits (which root would ignore); a
+    folder not there yet, where its closest existing parent is (where it would be created)."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
     try:
         return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
     except OSError:
@@ -358,7 +361,7 @@ class Run:
         """Where the analysis keeps its caches: ``RUN/derived/``, or a folder of the user's cache
         (``~/.cache/dpro/runs/<hash of the run's path>/``) when the run cannot be written."""
         inside = self.root / DERIVED
-        if may_write(inside if inside.exists() else self.root):
+        if may_write(inside):
             return inside
         return user_cache_dir() / "runs" / hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()
 

@@ -11,6 +11,7 @@ import stat
 from decimal import Decimal
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pytest
@@ -476,3 +477,31 @@ def test_exact_timestamps_written_in_any_style(tmp_path):
     assert [start[f"e{i}"] for i in range(len(written))] == [
         1712195495519689047, 1712195495519689500, 1712195495519690000, 1712195495519690000,
         1712195495519690001, 1712195495519692000, -1712195495519691250]
+
+
+def test_a_shapes_step_is_decoded_once_then_read_from_its_cache(tmp_path: Path) -> None:
+    """The shapes step of a real 1-rank H100 run (tests/data/NOTICE): its input shapes and memory
+    events as the one-purpose decoders read them; then cached, read back, and decoded again
+    once the trace changes."""
+    from dpro.graph.kineto import shapes_step
+    from dpro.graph.kineto.allocator import MemoryTrace
+    from dpro.graph.kineto.shapes import input_shapes
+
+    trace = tmp_path / "trace-shapes.json.gz"
+    shutil.copy(DATA / "runs" / "h100-ddp-1rank" / "ranks" / "0" / "trace-shapes.json.gz", trace)
+    cache = tmp_path / "cache"
+    step = shapes_step.load_shapes_step(trace, cache)
+    assert step.input_shapes() == input_shapes(trace) and len(step.shapes) > 100
+    assert step.memory == MemoryTrace.read(trace) and step.memory.peaks()
+    assert (cache / shapes_step.CACHE_FILE).exists()
+
+    marked = shapes_step.ShapesStep([(1, "marker", 0, "[]")], step.memory)  # what a read from the cache would give
+    saved = msgspec.msgpack.decode((cache / shapes_step.CACHE_FILE).read_bytes())
+    (cache / shapes_step.CACHE_FILE).write_bytes(msgspec.msgpack.encode({"key": saved["key"], "step": marked}))
+    assert shapes_step.load_shapes_step(trace, cache).shapes == [(1, "marker", 0, "[]")]
+    assert shapes_step.load_shapes_step(trace, None) == step  # no cache: decoded
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 1))
+    assert shapes_step.load_shapes_step(trace, cache) == step  # the trace changed: decoded again
+    trace.write_bytes(b"\x1f\x8b truncated")
+    with pytest.raises(TraceFormatError, match="cannot read"):
+        shapes_step.load_shapes_step(trace, cache)

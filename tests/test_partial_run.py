@@ -54,22 +54,48 @@ def test_every_command_warns_of_a_partial_run_and_strict_refuses_it(partial_run:
     assert_one_line_error(dpro(command[0], partial_run, *command[1:], "--strict"), GAP, "--strict")
 
 
-@pytest.mark.parametrize("gap", ["no trace", "unreadable meta"])
+@pytest.mark.parametrize("gap", ["no trace", "unreadable meta", "undecodable trace"])
 def test_a_rank_without_its_trace_or_metadata_is_warned_and_the_others_analysed(recorded_run: Path, tmp_path: Path,
                                                                                gap: str) -> None:
+    """Each command run twice: the second reads the stored analysis and still says what is missing."""
     run = tmp_path / "run"
     shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    trace = run / "ranks" / "1" / "trace.json.gz"
     if gap == "no trace":
-        (run / "ranks" / "1" / "trace.json.gz").unlink()
+        trace.unlink()
+    elif gap == "undecodable trace":  # its host's disk filled while it was written, say
+        trace.write_bytes(trace.read_bytes()[:2000])
     else:
         (run / "ranks" / "1" / "meta.json").write_text("{not json")
-    for command in (("replay", "--json"), ("whatif", "--fuse-ops", "--json")):
+    for command in (("replay", "--json"), ("whatif", "--fuse-ops", "--json"), ("replay", "--json")):
         result = dpro(command[0], run, *command[1:])
         assert result.returncode == 0, result.stderr
-        assert "Warning: partial run" in result.stderr and "rank 1" in result.stderr
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: partial run")]
+        assert len(warnings) == 1 and "rank 1" in warnings[0], result.stderr
         ranks = [r["rank"] for r in json.loads(result.stdout)["per_rank"]]
-        assert ranks == ([0] if gap == "no trace" else [0, 1]), ranks
+        assert ranks == ([0, 1] if gap == "unreadable meta" else [0]), ranks
     assert_one_line_error(dpro("replay", run, "--strict"), "rank 1")
+    if gap == "undecodable trace":
+        assert "truncated gzip" in warnings[0]
+        assert_one_line_error(dpro("info", run, "--strict"), "rank 1's trace cannot be decoded", "truncated gzip")
+        info = dpro("info", run, "--json")
+        assert info.returncode == 0 and "rank 1's trace cannot be decoded" in info.stderr
+        assert [r["trace_error"] is not None for r in json.loads(info.stdout)["per_rank"]] == [False, True]
+
+
+def test_the_dashboard_names_a_rank_whose_trace_cannot_be_decoded(recorded_run: Path, tmp_path: Path) -> None:
+    from dashboard.runs import RunView
+    from dpro.analysis import RunAnalysis
+    from dpro.errors import PartialRunWarning
+
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    (run / "ranks" / "0" / "trace.json.gz").write_text("not a trace")
+    with pytest.warns(PartialRunWarning, match="rank 0's trace cannot be decoded"):
+        view = RunView(RunAnalysis.open(run, workers=1)).prepare()
+    assert view.has_replay and view.analysis.analysed_ranks == [1], view.missing
+    assert any("rank 0's trace cannot be decoded" in gap for gap in view.gaps), view.gaps
+    assert set(view.lanes.lane_rank.tolist()) == {1}
 
 
 def test_a_whole_run_of_one_rank_has_nothing_unclosed(tmp_path: Path) -> None:

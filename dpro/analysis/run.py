@@ -28,6 +28,7 @@ no trace and builds no graph. The traces' own caches go there too (``derived/tra
 from __future__ import annotations
 
 import os
+import warnings
 from functools import cached_property
 from pathlib import Path
 from collections.abc import Callable
@@ -38,13 +39,14 @@ import pandas as pd
 
 from dpro.analysis.fanout import map_ranks
 from dpro.code_hash import code_hash
+from dpro.errors import DproError, PartialRunWarning
 from dpro.graph import store
 from dpro.graph.collectives import nccl_log_algorithms
 from dpro.graph.dataflow import DataflowGraph, GraphError, build_graph, common_steps
 from dpro.analysis.parallelism import Parallelism
 from dpro.graph.kineto import TraceFormatError, TraceTables, load_trace
 from dpro.graph.kineto.allocator import MemoryTrace
-from dpro.graph.kineto.shapes import input_shapes
+from dpro.graph.kineto.shapes_step import ShapesStep, load_shapes_step
 from dpro.graph.matching import match
 from dpro.graph.reduction import RankReduction, reduce_trace
 from dpro.replayer.breakdown import mean_breakdown
@@ -66,12 +68,15 @@ class RunAnalysis:
     ``scheduler``: a Dask scheduler address for the per-rank stage (default
     ``$DPRO_SCHEDULER``); ``workers``: the local process pool's size (default: the cores);
     ``progress``: a progress bar on stderr for the per-rank stage; ``cache``: read and write
-    the stored analysis (``False`` recomputes everything and stores nothing).
+    the stored analysis (``False`` recomputes everything and stores nothing); ``strict``: a
+    rank whose trace cannot be decoded is an error (by default the graph is built without it
+    and a :class:`~dpro.errors.PartialRunWarning` says so).
     """
 
     def __init__(self, run: Run, *, align: bool = True, scheduler: str | None = None, workers: int | None = None,
-                 progress: bool = False, cache: bool = True) -> None:
+                 progress: bool = False, cache: bool = True, strict: bool = False) -> None:
         self.run = run
+        self.strict = strict
         self.align = align
         self.scheduler = scheduler
         self.workers = workers
@@ -209,19 +214,26 @@ class RunAnalysis:
         return known[rank]
 
     def input_shapes(self, rank: int) -> dict[tuple[int, str, int], str] | None:
-        """The rank's ops' input shapes from its shapes step (:func:`dpro.graph.kineto.shapes.input_shapes`),
-        decoded once; None where the rank has no readable shapes step."""
-        return self.kept("input_shapes", rank, lambda: self._from_shapes_step(rank, input_shapes))
+        """The rank's ops' input shapes from its shapes step (:meth:`shapes_step`); None where the
+        rank has no readable shapes step."""
+        step = self.shapes_step(rank)
+        return self.kept("input_shapes", rank, step.input_shapes) if step is not None else None
 
     def memory_trace(self, rank: int) -> MemoryTrace | None:
-        """The allocator's events of the rank's shapes step (:class:`dpro.graph.kineto.allocator.MemoryTrace`),
-        decoded once; None where the rank has no readable shapes step."""
-        return self.kept("memory_trace", rank, lambda: self._from_shapes_step(rank, MemoryTrace))
+        """The allocator's events of the rank's shapes step (:class:`dpro.graph.kineto.allocator.MemoryTrace`);
+        None where the rank has no readable shapes step."""
+        step = self.shapes_step(rank)
+        return step.memory if step is not None else None
 
-    def _from_shapes_step(self, rank: int, read: Callable[[Path], T]) -> T | None:
+    def shapes_step(self, rank: int) -> ShapesStep | None:
+        """The rank's shapes step (:mod:`dpro.graph.kineto.shapes_step`), decoded once and then
+        read from the trace cache; None where the rank has none or it cannot be read."""
+        return self.kept("shapes_step", rank, lambda: self._shapes_step(rank))
+
+    def _shapes_step(self, rank: int) -> ShapesStep | None:
         path = self.run.shapes_trace_path(rank)
         try:
-            return read(path) if path is not None else None
+            return load_shapes_step(path, self.trace_cache_dir(rank) if self.cache else None) if path else None
         except TraceFormatError:
             return None
 
@@ -247,25 +259,45 @@ class RunAnalysis:
         paths = {r: self.run.collective_log_path(r) for r in self.traced_ranks}
         return paths if all(paths.values()) else dict.fromkeys(paths)
 
-    def _reduce(self, ranks: list[int], steps: list[int] | None) -> dict[int, RankReduction]:
+    def _reduce(self, ranks: list[int], steps: list[int] | None) -> dict[int, RankReduction | str]:
         tasks = [(self.run.trace_path(r), r, self.trace_cache_dir(r) if self.cache else None, steps,
                   self.collective_logs[r]) for r in ranks]
-        results = map_ranks(reduce_trace, tasks, scheduler=self.scheduler, workers=self.workers,
+        results = map_ranks(_reduce_or_why, tasks, scheduler=self.scheduler, workers=self.workers,
                             progress=self.progress, desc="decoding traces")
         return dict(zip(ranks, results))
 
     def reductions(self) -> dict[int, RankReduction]:
         """The per-rank stage: every rank's reduction (:mod:`dpro.graph.reduction`), each typical
-        step made of the steps all ranks profiled; computed each time it is called."""
+        step made of the steps all ranks profiled; computed each time it is called. Ranks whose
+        trace cannot be decoded are left out (:meth:`_per_rank_stage` says which and why)."""
+        return self._per_rank_stage()[0]
+
+    def _per_rank_stage(self) -> tuple[dict[int, RankReduction], dict[int, str]]:
         if not self.traced_ranks:
             raise GraphError(f"{self.root}: no rank wrote a trace; was the profiling window reached?")
-        reductions = self._reduce(self.traced_ranks, None)
+        results = self._reduce(self.traced_ranks, None)
+        undecodable = {r: why for r, why in results.items() if isinstance(why, str)}
+        reductions = {r: rd for r, rd in results.items() if not isinstance(rd, str)}
+        if not reductions:
+            raise GraphError(f"{self.root}: no rank's trace can be decoded ({next(iter(undecodable.values()))})")
         common = common_steps({r: rd.steps for r, rd in reductions.items()})
         kept = [s for s in common if s not in set(self.stalled_steps)] or common
         redo = [r for r, rd in reductions.items() if rd.step.steps != kept]
         if redo:  # a rank profiled steps the others did not, or stalled steps: reduce it again over the kept ones
-            reductions.update(self._reduce(redo, kept))
-        return reductions
+            reductions.update({r: rd for r, rd in self._reduce(redo, kept).items() if not isinstance(rd, str)})
+        return reductions, undecodable
+
+    @property
+    def undecodable(self) -> dict[int, str]:
+        """The ranks that wrote a trace that cannot be decoded, each with why (one line): left out
+        of the graph, as a partial run's missing ranks are (stored with the analysis)."""
+        table = self._derived[1]["undecodable"]
+        return dict(zip(table["rank"].astype(int), table["why"].astype(str)))
+
+    @property
+    def analysed_ranks(self) -> list[int]:
+        """The ranks the graph is made of: those that wrote a trace that can be decoded."""
+        return [r for r in self.traced_ranks if r not in self.undecodable]
 
     @cached_property
     def stalled_steps(self) -> list[int]:
@@ -294,18 +326,32 @@ class RunAnalysis:
 
     @cached_property
     def _derived(self) -> tuple[DataflowGraph, dict[str, pd.DataFrame]]:
-        if self.cache:
-            found = store.load_graph(self._folder, self._key)
-            if found is not None:
-                return found
-        reductions = self.reductions()
+        found = store.load_graph(self._folder, self._key) if self.cache else None
+        if found is None:
+            found = self._build()
+        self._say_undecodable(found[1]["undecodable"])
+        return found
+
+    def _say_undecodable(self, table: pd.DataFrame) -> None:
+        if table.empty:
+            return
+        what = "; ".join(f"rank {r}'s trace cannot be decoded ({why})" for r, why in zip(table["rank"], table["why"]))
+        text = f"partial run {self.root}: {what}"
+        if self.strict:
+            raise DproError(f"{text} (--strict)")
+        warnings.warn(f"{text}; analysing the ranks there are (--strict to refuse)", PartialRunWarning, stacklevel=2)
+
+    def _build(self) -> tuple[DataflowGraph, dict[str, pd.DataFrame]]:
+        reductions, undecodable = self._per_rank_stage()
         logs = self.run.nccl_logs()
         graph = build_graph(reductions, self.recorded_offsets, align=self.align, bucket_bytes=self.bucket_bytes(),
                             algorithms=nccl_log_algorithms(logs) if logs else None, hosts=self.hosts,
                             profiler_ns=self.profiler_cost_ns())
         instances = match(pd.concat([rd.instances for rd in reductions.values()], ignore_index=True))
         profiled = pd.concat([rd.profiled_steps.assign(rank=r) for r, rd in reductions.items()], ignore_index=True)
-        tables = {"instances": instances, "profiled_steps": profiled[["rank", "step", "start_ns", "end_ns"]]}
+        tables = {"instances": instances, "profiled_steps": profiled[["rank", "step", "start_ns", "end_ns"]],
+                  "undecodable": pd.DataFrame({"rank": pd.Series(list(undecodable), dtype="int64"),
+                                               "why": pd.Series(list(undecodable.values()), dtype="str")})}
         self.built = True
         if self.cache:
             self._folder.mkdir(parents=True, exist_ok=True)
@@ -347,7 +393,7 @@ class RunAnalysis:
         empty for a whole run, where an unmatched collective is one of a group of one rank, which
         closes alone."""
         unclosed = self.graph.unclosed()
-        return unclosed if self.run.gaps else unclosed.iloc[:0]
+        return unclosed if self.run.gaps or self.undecodable else unclosed.iloc[:0]
 
     def critical_path_breakdown(self) -> dict[str, float]:
         """Mean ms of the critical path's span and of each category
@@ -376,3 +422,11 @@ class RunAnalysis:
                        {"step_ns": {str(r): v for r, v in result.step_ns.items()},
                         "critical_path": [int(v) for v in result.critical_path]})
         return result
+
+
+def _reduce_or_why(*task: Any) -> RankReduction | str:
+    """:func:`dpro.graph.reduction.reduce_trace` of ``task``, or why its trace cannot be decoded."""
+    try:
+        return reduce_trace(*task)
+    except TraceFormatError as e:
+        return str(e)

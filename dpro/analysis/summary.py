@@ -11,7 +11,7 @@ import pandas as pd
 
 from dpro.analysis.run import RunAnalysis
 from dpro.analysis.window import window_check
-from dpro.graph.kineto import load_trace
+from dpro.graph.kineto import TraceFormatError, load_trace
 from dpro.run_format import is_run_dir
 
 
@@ -30,7 +30,8 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
     ``step_ms`` is computed over the steps outside the profiling window (and after step 0,
     whose start is unknown); ``profiled_step_ms`` over the profiled steps; ``window``: whether the
     profiling window ran like the other steps (:func:`~dpro.analysis.window.window_check`; None
-    without ``count_events``, which reads no trace).
+    without ``count_events``, which reads no trace); ``trace_error``: why the rank's trace cannot
+    be decoded (None where it can, or was not read).
     """
     run = analysis.run
     per_rank = []
@@ -40,7 +41,12 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
         steps = analysis.steps(rank)
         timed = steps.dropna(subset=["dur_ns"])
         trace = run.trace_path(rank)
-        events = analysis.tables(rank).events if count_events and trace else None
+        events, trace_error = None, None
+        if count_events and trace:
+            try:
+                events = analysis.tables(rank).events
+            except TraceFormatError as e:
+                trace_error = str(e)
         if events is not None and len(events):
             events_per_step[rank] = float(events.groupby("step").size().median())
         per_rank.append({
@@ -53,6 +59,7 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
             "profiled_steps": timed.loc[timed["phase"] == "profiled", "step"].tolist(),
             "trace": str(trace.relative_to(run.root)) if trace else None,
             "events": None if events is None else len(events),
+            "trace_error": trace_error,
             "errors": run.error_count(rank),
         })
     medians = {r["rank"]: r["step_ms"]["median"] for r in per_rank if r["step_ms"]["median"] is not None}

@@ -9,12 +9,13 @@ are imported inside the command's function, never at module level.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import click
 
 from dpro import __version__
-from dpro.errors import DproError
+from dpro.errors import DproError, PartialRunWarning
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -53,13 +54,26 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return super().invoke(ctx)
         except click.UsageError as e:  # a command's bad option: one line too, and exit code 2
             raise OneLineUsageError(e) from None
         except DproError as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:
             raise click.ClickException(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """dpro's own warnings (a partial run) as one ``Warning:`` line on stderr; others as Python shows them."""
+    if issubclass(category, PartialRunWarning):
+        click.echo(f"Warning: {message}", err=True)
+    else:
+        _SHOW_WARNING(message, category, *args, **kwargs)
+
+
+_SHOW_WARNING = warnings.showwarning
 
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT, lazy={

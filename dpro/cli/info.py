@@ -27,9 +27,11 @@ def info(path: Path, rank: int | None, as_json: bool) -> None:
 
     if not path.exists():
         raise click.ClickException(f"no such file or directory: {path}")
-    if is_run_dir(path):
-        say_gaps(open_run(path), strict=bool(click.get_current_context().meta.get(STRICT)))
     summary = summarize(path, rank=rank)
+    if is_run_dir(path):
+        undecodable = [f"rank {r['rank']}'s trace cannot be decoded ({r['trace_error']})"
+                       for r in summary["per_rank"] if r.get("trace_error")]
+        say_gaps(open_run(path), strict=bool(click.get_current_context().meta.get(STRICT)), also=undecodable)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
@@ -50,7 +52,7 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append((str(r["rank"]), r.get("host") or "-", str(r["steps"]), str(r["steps_timed"]),
                      ms(r["step_ms"]["median"]), ms(r["step_ms"]["p90"]),
                      ms(r.get("profiled_step_ms", {}).get("median")),
-                     "-" if r.get("events") is None else str(r["events"]), str(r.get("errors", 0))))
+                     _events(r), str(r.get("errors", 0))))
     lines += ["", table(rows)]
     if (s.get("window") or {}).get("disturbed"):
         lines.append(f"\nwarning: {s['window']['message']}")
@@ -59,3 +61,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"\nnode {n['host']}: job {status}")
         lines += [f"  {name}: {note}" for name, note in (n.get("collectors") or {}).items()]
     return "\n".join(lines)
+
+
+def _events(rank: dict[str, Any]) -> str:
+    if rank.get("trace_error"):
+        return "undecodable"
+    return "-" if rank.get("events") is None else str(rank["events"])

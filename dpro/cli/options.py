@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +48,15 @@ def strict_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     return click.option("--strict", is_flag=True, is_eager=True, expose_value=False, callback=remember,
                         envvar="DPRO_STRICT",
-                        help="Fail on a partial run (a rank of the job missing, or without its metadata "
-                             "or trace) instead of warning and analysing the ranks there are.")(fn)
+                        help="Fail on a partial run (a rank of the job missing, without its metadata or trace, "
+                             "or with a trace that cannot be decoded) instead of warning and analysing the ranks "
+                             "there are.")(fn)
 
 
-def say_gaps(run: Any, strict: bool) -> None:
-    """Warn on stderr that ``run`` is partial, naming what it lacks; a one-line error if ``strict``."""
-    gaps = run.gaps
+def say_gaps(run: Any, strict: bool, also: Sequence[str] = ()) -> None:
+    """Warn on stderr that ``run`` is partial, naming what it lacks (its gaps, and ``also``: what
+    the caller found, a trace that cannot be decoded); a one-line error if ``strict``."""
+    gaps = [*run.gaps, *also]
     if not gaps:
         return
     text = f"partial run {run.root}: {'; '.join(gaps)}"
@@ -74,10 +76,13 @@ def analysis_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_analysis(run: Any, scheduler: str | None, workers: int | None, **options: Any) -> Any:
-    """The run model of ``run``, with a progress bar on a terminal and none when piped."""
+    """The run model of ``run``, with a progress bar on a terminal and none when piped, strict
+    under ``--strict`` (a rank whose trace cannot be decoded is then an error, not a warning)."""
     from dpro.analysis import RunAnalysis
 
-    return RunAnalysis(run, scheduler=scheduler, workers=workers, progress=sys.stderr.isatty(), **options)
+    ctx = click.get_current_context(silent=True)
+    return RunAnalysis(run, scheduler=scheduler, workers=workers, progress=sys.stderr.isatty(),
+                       strict=bool(ctx and ctx.meta.get(STRICT)), **options)
 
 
 def default_run_name(prefix: str) -> Path:

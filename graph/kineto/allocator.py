@@ -22,7 +22,7 @@ import msgspec
 
 from dpro.graph.kineto.schema import TraceFormatError
 
-__all__ = ["MemoryPeak", "MemoryTrace", "memory_peaks"]
+__all__ = ["DeviceMemory", "MemoryPeak", "MemoryTrace", "memory_peaks"]
 
 MEMORY_EVENT = "[memory]"
 DEVICE_TYPES = {0: "cpu", 1: "cuda"}
@@ -62,38 +62,66 @@ class MemoryPeak(msgspec.Struct, frozen=True):
 def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
     """The memory peak of each device in the trace at ``path`` (``.json`` or ``.json.gz``); an
     empty list when the trace holds no memory events (recorded without ``profile_memory``)."""
-    return MemoryTrace(path).peaks()
+    return MemoryTrace.read(path).peaks()
 
 
-class MemoryTrace:
-    """The memory events of the trace at ``path``, decoded once: each device's peak
-    (:meth:`peaks`) and what a device held when named events began (:meth:`added_before`)."""
+class DeviceMemory(msgspec.Struct, frozen=True):
+    """One device's allocator events in time order: their times (us), the total allocated after
+    each, and the total before the first."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._trace = _decoded(path)
-        self._devices = {_device_name(kind, index): events
-                         for (kind, index), events in sorted(_per_device(self._trace).items())}
+    times: list[float]
+    totals: list[float]
+    before: float
+
+
+class MemoryTrace(msgspec.Struct, frozen=True):
+    """The memory events of a trace, by device (:class:`DeviceMemory`), with the earliest start
+    of each other event's name: all that each device's peak (:meth:`peaks`) and what a device
+    held when named events began (:meth:`added_before`) read. Small, and encodable with
+    msgspec (the run model caches it)."""
+
+    devices: dict[str, DeviceMemory]
+    first_starts: dict[str, float]
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> MemoryTrace:
+        """The memory events of the trace at ``path`` (.json or .json.gz)."""
+        return cls.decode(_read(path), path)
+
+    @classmethod
+    def decode(cls, raw: bytes, path: str | os.PathLike) -> MemoryTrace:
+        """The memory events of the trace whose decompressed JSON is ``raw`` (read from ``path``)."""
+        try:
+            trace = _DECODER.decode(raw)
+        except msgspec.DecodeError as e:
+            raise TraceFormatError(f"cannot read the memory events of {path}: {str(e).splitlines()[0]}") from None
+        first: dict[str, float] = {}
+        for e in trace.traceEvents:
+            if e.name and e.name != MEMORY_EVENT and e.ts < first.get(e.name, float("inf")):
+                first[e.name] = e.ts
+        return cls({_device_name(kind, index): memory for (kind, index), memory in sorted(_per_device(trace).items())},
+                   first)
 
     def peaks(self) -> list[MemoryPeak]:
         """Each device's :class:`MemoryPeak`; empty where the trace holds no memory events."""
-        return [MemoryPeak(device, max(0, int(max(totals) - before)), int(max(totals)), len(events))
-                for device, (_, events, totals, before) in self._devices.items()]
+        return [MemoryPeak(device, max(0, int(max(m.totals) - m.before)), int(max(m.totals)), len(m.times))
+                for device, m in self.devices.items()]
 
     def added_before(self, device: str, names: dict[str, re.Pattern]) -> dict[str, int | None]:
         """Per key of ``names``: what ``device`` (a :class:`MemoryPeak`'s name) held on top of
         what it began with when the trace's first event whose name matches began (None: no such
         event, or no memory event of that device)."""
-        if device not in self._devices:
+        if device not in self.devices:
             return dict.fromkeys(names)
-        times, _, totals, before = self._devices[device]
+        memory = self.devices[device]
         found: dict[str, int | None] = {}
         for key, pattern in names.items():
-            starts = [e.ts for e in self._trace.traceEvents if e.name and e.name != MEMORY_EVENT and pattern.match(e.name)]
+            starts = [ts for name, ts in self.first_starts.items() if pattern.match(name)]
             if not starts:
                 found[key] = None
                 continue
-            at = bisect.bisect_left(times, min(starts))  # the allocations strictly before it
-            found[key] = int((totals[at - 1] if at else before) - before)
+            at = bisect.bisect_left(memory.times, min(starts))  # the allocations strictly before it
+            found[key] = int((memory.totals[at - 1] if at else memory.before) - memory.before)
         return found
 
 
@@ -103,17 +131,16 @@ def _device_name(kind: int, index: int) -> str:
     return name if index < 0 else f"{name}:{index}"
 
 
-def _decoded(path: str | os.PathLike) -> _File:
+def _read(path: str | os.PathLike) -> bytes:
     path = Path(path)
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-        return _DECODER.decode(raw)
-    except (OSError, EOFError, zlib.error, msgspec.DecodeError) as e:
+        return gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
         raise TraceFormatError(f"cannot read the memory events of {path}: {str(e).splitlines()[0]}") from None
 
 
-def _per_device(trace: _File) -> dict[tuple[int, int], tuple[list[float], list[_Args], list[float], float]]:
-    """Per device: its memory events' times, the events, the total after each and the total before the first."""
+def _per_device(trace: _File) -> dict[tuple[int, int], DeviceMemory]:
+    """Per device (type, index): its memory events in time order."""
     per_device: dict[tuple[int, int], list[_Event]] = {}
     for e in sorted((e for e in trace.traceEvents if e.name == MEMORY_EVENT and e.args is not None),
                     key=lambda e: e.ts):
@@ -125,5 +152,6 @@ def _per_device(trace: _File) -> dict[tuple[int, int], tuple[list[float], list[_
             totals = list(itertools.accumulate(a.nbytes for a in args))
         else:
             totals = [a.total_allocated for a in args]
-        out[key] = ([e.ts for e in events], args, totals, totals[0] - args[0].nbytes)
+        out[key] = DeviceMemory([float(e.ts) for e in events], [float(t) for t in totals],
+                                float(totals[0] - args[0].nbytes))
     return out

@@ -59,7 +59,7 @@ def write_cache(path: Path, key: dict, tables: TraceTables, folders: list[Path])
         "process_groups": {name: column.tolist() for name, column in tables.process_groups.items()},
     }).encode()
     for folder in folders:
-        if not may_write(_existing(folder)):
+        if not may_write(folder):
             continue
         try:
             for name, frame in parquet.items():
@@ -69,9 +69,3 @@ def write_cache(path: Path, key: dict, tables: TraceTables, folders: list[Path])
         except OSError:
             continue
 
-
-def _existing(folder: Path) -> Path:
-    """The folder, or its closest existing parent (where it would be created)."""
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
-    return folder

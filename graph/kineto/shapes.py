@@ -16,7 +16,7 @@ import msgspec
 
 from dpro.graph.kineto.schema import TraceFormatError
 
-__all__ = ["input_shapes"]
+__all__ = ["decode_input_shapes", "input_shapes"]
 
 
 class _Args(msgspec.Struct):
@@ -40,8 +40,17 @@ def input_shapes(path: Path) -> dict[tuple[int, str, int], str]:
     try:
         opened = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
         with opened as f:
-            ops = msgspec.json.decode(f.read(), type=_ShapesTrace).traceEvents
-    except (OSError, EOFError, msgspec.DecodeError) as e:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise TraceFormatError(f"cannot read {path}: {e}") from None
+    return decode_input_shapes(raw, path)
+
+
+def decode_input_shapes(raw: bytes, path: Path) -> dict[tuple[int, str, int], str]:
+    """:func:`input_shapes` of the trace whose decompressed JSON is ``raw`` (read from ``path``)."""
+    try:
+        ops = msgspec.json.decode(raw, type=_ShapesTrace).traceEvents
+    except msgspec.DecodeError as e:
         raise TraceFormatError(f"cannot read {path}: {e}") from None
     seen: dict[tuple[int, str], int] = {}
     out = {}

@@ -21,7 +21,7 @@ def operator_fusion(analysis: RunAnalysis) -> Proposals:
     layout = analysis.ddp_layout
     if not layout:
         return Proposals(why="the job used no DistributedDataParallel")
-    ranks = sorted(analysis.ranks)
+    ranks = analysis.analysed_ranks
     compiled = compiled_events(analysis, ranks[0])
     if compiled:
         return Proposals(why=f"the job runs compiled already ({compiled} in its trace)")
