@@ -75,6 +75,8 @@ def test_a_rank_without_its_trace_or_metadata_is_warned_and_the_others_analysed(
         ranks = [r["rank"] for r in json.loads(result.stdout)["per_rank"]]
         assert ranks == ([0, 1] if gap == "unreadable meta" else [0]), ranks
     assert_one_line_error(dpro("replay", run, "--strict"), "rank 1")
+    diagnosed = dpro("diagnose", run)
+    assert diagnosed.returncode == 0 and "Warning: partial run" in diagnosed.stderr, diagnosed.stderr
     if gap == "undecodable trace":
         assert "truncated gzip" in warnings[0]
         assert_one_line_error(dpro("info", run, "--strict"), "rank 1's trace cannot be decoded", "truncated gzip")

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.run_format import Run
+from dpro.run_records import RankMeta
 
 from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix
 from dpro.anomaly.suspects import Suspect
@@ -68,7 +69,7 @@ def connection_rates(run: Run) -> pd.DataFrame:
 def _without_link_streams(rates: pd.DataFrame, run: Run) -> pd.DataFrame:
     """``rates`` less dpro's own streams of the calibration (:mod:`dpro.collectors.link_rate`):
     the connections to or from a port a rank listened on for them, on that rank's host."""
-    listening = {(run.rank_meta(r).host, link.listen_port)
+    listening = {((run.metas[r] or RankMeta()).host, link.listen_port)
                  for r in run.ranks for link in run.calibration(r).links if link.listen_port is not None}
     if not listening:
         return rates
