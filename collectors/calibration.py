@@ -337,6 +337,10 @@ def _collective(torch: Any, dist: Any, coll: str, n: int, on: Device) -> Callabl
     def empty(numel: int) -> Any:
         return torch.empty(numel, device=on.device)
 
+    # torch 2.13 names them *_single and deprecates the *_tensor names (a FutureWarning per call)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
     def run(nbytes: int) -> None:
         numel = max(nbytes // 4, n)
         if coll == "all_reduce":
@@ -345,10 +349,10 @@ def _collective(torch: Any, dist: Any, coll: str, n: int, on: Device) -> Callabl
             dist.broadcast(empty(numel), src=0)
         elif coll == "all_gather":
             part = empty(numel // n)
-            dist.all_gather_into_tensor(empty(part.numel() * n), part)
+            all_gather(empty(part.numel() * n), part)
         else:
             whole = empty(numel // n * n)
-            dist.reduce_scatter_tensor(empty(whole.numel() // n), whole)
+            reduce_scatter(empty(whole.numel() // n), whole)
         on.sync()
 
     return run

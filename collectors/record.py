@@ -26,9 +26,10 @@ from dpro.collectors.connections import ConnectionSampler
 from dpro.collectors.counters import Snapshot, take_snapshot
 from dpro.collectors.counters.sysfs import SYSFS_ROOT_ENV
 from dpro.collectors.gpu import GpuSampler
+from dpro.collectors.job_output import StderrFilter
 from dpro.errors import DproError
-from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, NCCL_LOG_PATTERN,
-                             NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
+from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, JOB_STDERR_FILE,
+                             NCCL_LOG_PATTERN, NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
                              open_run, write_json_atomic)
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -51,6 +52,7 @@ class RecordOptions:
     sysfs_root: str | None = None
     calibrate: bool = True
     apply: dict[str, Any] | None = None  # a strategy file's content (dpro record --apply)
+    verbose: bool = False  # the job's stderr unfiltered (else the profiler's messages go to the node's log)
 
 
 def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
@@ -137,13 +139,13 @@ def _give_terminal(tty: int | None) -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
-def _start_child(command: list[str], env: dict[str, str], tty: int | None) -> subprocess.Popen:
+def _start_child(command: list[str], env: dict[str, str], tty: int | None, stderr: int | None) -> subprocess.Popen:
     def in_child() -> None:
         os.setpgid(0, 0)
         _give_terminal(tty)
 
     try:
-        return subprocess.Popen(command, env=env, preexec_fn=in_child)
+        return subprocess.Popen(command, env=env, preexec_fn=in_child, stderr=stderr)
     except FileNotFoundError:
         raise RecordError(f"command not found: {command[0]}") from None
     except PermissionError:
@@ -166,7 +168,12 @@ def record(command: list[str], opts: RecordOptions) -> int:
 
     write_json_atomic(node / COUNTERS_START_FILE, take_snapshot(opts.sysfs_root).to_dict())
     tty = _foreground_tty()
-    child = _start_child(command, env, tty)
+    stderr = None if opts.verbose else StderrFilter(node / JOB_STDERR_FILE)
+    try:
+        child = _start_child(command, env, tty, stderr.child_fd if stderr else None)
+    finally:
+        if stderr:
+            stderr.start()
     forward = lambda signum, frame: _forward(child.pid, signum)  # noqa: E731
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     sampler = GpuSampler(node / GPU_SAMPLES_FILE, opts.gpu_interval_s)
@@ -181,6 +188,8 @@ def record(command: list[str], opts: RecordOptions) -> int:
         _give_terminal(tty)
         sampler.stop()
         connections.stop()
+        if stderr:
+            stderr.stop()
     end = take_snapshot(opts.sysfs_root)
     write_json_atomic(node / COUNTERS_END_FILE, end.to_dict())
     facts["collectors"]["counters"] = _counters_note(end)
@@ -189,6 +198,9 @@ def record(command: list[str], opts: RecordOptions) -> int:
         facts["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
     if connections.error:
         facts["collectors"]["connections"] += f"; stopped early: {connections.error}"
+    if stderr and stderr.kept:
+        facts["collectors"]["stderr"] = (f"{stderr.kept} line(s) of torch's messages about profiling kept off the "
+                                         f"terminal, in {JOB_STDERR_FILE} (-v shows them)")
     facts.update(ended_ns=time.time_ns(), exit_code=status if status >= 0 else None,
                  signal=signal.Signals(-status).name if status < 0 else None)
     write_json_atomic(node / NODE_FILE, facts)

@@ -58,6 +58,7 @@ SHAPES_TRACE_FILE = "trace-shapes.json.gz"
 COLLECTIVES_FILE = "collectives.json"
 NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start.json", "counters-end.json"
 GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
+JOB_STDERR_FILE = "job-stderr.log"  # the job's stderr lines dpro kept off the terminal
 CONNECTION_LIMITED_COLUMNS = ("rwnd_limited_ms", "sndbuf_limited_ms")
 NCCL_LOG_PATTERN = "%h.%p.log"  # NCCL_DEBUG_FILE: NCCL replaces %h by the host and %p by the pid
 DERIVED = "derived"

@@ -78,7 +78,7 @@ _SHOW_WARNING = warnings.showwarning
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT, lazy={
     "record": "dpro.cli.record:record",
-    "demo": "dpro.cli.record:demo",
+    "demo": "dpro.cli.demo:demo",
     "merge": "dpro.cli.record:merge",
     "info": "dpro.cli.info:info",
     "replay": "dpro.cli.replay:replay",

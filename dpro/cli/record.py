@@ -1,4 +1,4 @@
-"""``dpro record``, ``dpro demo`` and ``dpro merge``: recording jobs into run directories."""
+"""``dpro record`` and ``dpro merge``: recording jobs into run directories."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from typing import Any
 import click
 
 from dpro.cli import CONTEXT
-from dpro.cli.info import format_summary
 from dpro.cli.options import default_run_name
 
 
-def _window_options(fn: Any) -> Any:
+def window_options(fn: Any) -> Any:
     for option in reversed([
         click.option("--skip", default=10, show_default=True, type=click.IntRange(min=1),
                      help="Steps before profiling starts (step 0 ends at the first optimizer step)."),
@@ -26,11 +25,18 @@ def _window_options(fn: Any) -> Any:
     return fn
 
 
+def verbose_option(fn: Any) -> Any:
+    return click.option("-v", "--verbose", is_flag=True,
+                        help="Show all the job's stderr: torch's messages about the profiling (its start and "
+                             "stop markers, the allocator's warnings) too, which otherwise go to the node's "
+                             "job-stderr.log.")(fn)
+
+
 @click.command(context_settings={**CONTEXT, "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Run directory to create (default: dpro-run-DATE-TIME).")
-@_window_options
+@window_options
 @click.option("--force", is_flag=True, help="Replace an existing dpro run at --output.")
 @click.option("--join", is_flag=True,
               help="Add this node to a run other nodes record into (same --output on a shared "
@@ -45,10 +51,11 @@ def _window_options(fn: Any) -> Any:
 @click.option("--apply", "strategy", type=click.Path(dir_okay=False, path_type=Path), metavar="STRATEGY.json",
               help="Run the job with a strategy of `dpro optimize` (its bucket cap and communication hook), "
                    "without changing the script.")
+@verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool, join: bool,
            gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, strategy: Path | None,
-           command: tuple[str, ...]) -> None:
+           verbose: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND and record every rank of the training job it starts.
 
     \b
@@ -66,7 +73,7 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
     applied = _strategy_file(strategy) if strategy is not None else None
     opts = RecordOptions(output=output or default_run_name("dpro-run"), skip=skip, warmup=warmup,
                          steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
-                         sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied)
+                         sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied, verbose=verbose)
     status = record_job(list(command), opts)
     _report_recording(opts.output)
     sys.exit(exit_like(status))
@@ -123,38 +130,6 @@ def _report_applied(ranks: list[dict[str, Any]], run_dir: Path) -> None:
                        "DistributedDataParallel module)", err=True)
         for item in dict.fromkeys(left):
             click.echo(f"dpro: warning: rank {r['rank']}: left out {item}", err=True)
-
-
-@click.command()
-@click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Run directory to create (default: dpro-demo-DATE-TIME).")
-@click.option("--nproc", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Ranks to start on this machine.")
-@click.option("--train-steps", default=40, show_default=True, type=click.IntRange(min=2),
-              help="Training steps of the example job.")
-@_window_options
-def demo(output: Path | None, nproc: int, train_steps: int, skip: int, warmup: int, steps: int) -> None:
-    """Record the bundled example (a small transformer LM with DDP) on local ranks."""
-    from dpro.collectors.record import RecordOptions, record as record_job
-    from importlib.util import find_spec
-
-    from dpro.analysis.summary import summarize
-
-    run_dir = output or default_run_name("dpro-demo")
-    if skip + warmup + steps > train_steps:
-        raise click.ClickException(f"the profiling window (skip {skip} + warm-up {warmup} + steps "
-                                   f"{steps}) does not fit in {train_steps} training steps")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", find_spec("dpro.examples.train_lm").origin, f"--steps={train_steps}"]
-    click.echo(f"dpro demo: recording {' '.join(command[2:])}", err=True)
-    status = record_job(command, RecordOptions(output=run_dir, skip=skip, warmup=warmup, steps=steps))
-    if status != 0:
-        raise click.ClickException(f"the example job failed (status {status}); see the output above")
-    click.echo(format_summary(summarize(run_dir)))
-    click.echo(f"\nrecorded in {run_dir}/ (layout: docs/run-format.md). Next:\n"
-               f"  dpro info {run_dir} --json        # the same, as JSON\n"
-               f"  dpro info {run_dir}/ranks/0/trace.json.gz   # one rank's profiled steps\n"
-               f"  open {run_dir}/ranks/0/trace.json.gz in https://ui.perfetto.dev to see the timeline")
 
 
 @click.command()
