@@ -123,3 +123,27 @@ def test_record_keeps_torchs_profiling_messages_off_the_terminal(tmp_path: Path,
         assert not any(c in shown for c in CHATTER) and shown.count("\n\n") == 1, shown  # the job's blank line
         assert log.read_text() == f"{CHATTER[0]}\n{CHATTER[1]}\n{CHATTER[0]}{CHATTER[0]}\n"
         assert "3 line(s) of torch's messages" in dpro("info", run).stdout
+
+
+def test_a_job_run_on_a_terminal_writes_its_stderr_to_a_terminal(tmp_path: Path) -> None:
+    """dpro's stderr a terminal (a pseudo-terminal here): the job's is one too, and sorted the same."""
+    import pty
+
+    ours, theirs = pty.openpty()
+    job = f"import sys; w = sys.stderr.write; w('tty %s\\n' % sys.stderr.isatty()); w({CHATTER[0]!r} + '\\n')"
+    record = subprocess.Popen([sys.executable, "-m", "dpro", "record", "-o", tmp_path / "run", "--no-calibrate", "--",
+                               sys.executable, "-c", job], stderr=theirs, stdout=subprocess.DEVNULL)
+    os.close(theirs)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(ours, 4096)
+        except OSError:  # every writer closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(ours)
+    assert record.wait(timeout=60) == 0
+    assert b"tty True" in shown and b"USDT" not in shown, shown
+    assert "USDT" in next((tmp_path / "run").glob(f"nodes/*/{JOB_STDERR_FILE}")).read_text()
