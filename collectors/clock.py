@@ -98,12 +98,12 @@ def measure_offset_in_background(rank: int, world_size: int, path: Path,
 
     def run() -> None:
         try:
-            write_json_atomic(path, {"rank": rank, **measure_offset(rank, world_size)})
+            write_json_atomic(path, {"rank": rank, **measure_offset(rank, world_size)}, parents=False)
         except Exception as e:
             log_error("measuring the clock offset", e)
             try:
                 write_json_atomic(path, {"rank": rank, "offset_ns": None,
-                                         "note": f"not measured: {type(e).__name__}: {e}"})
+                                         "note": f"not measured: {type(e).__name__}: {e}"}, parents=False)
             except Exception:
                 pass
 

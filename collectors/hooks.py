@@ -21,6 +21,7 @@ import functools
 import importlib.abc
 import importlib.util
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dpro.collectors.apply import Applier, from_environment
+from dpro.collectors.losses import loss, report_loss
 from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS,
                              STEPS_FILE, TRACE_FILE, early_errors_file, rank_dir, write_json_atomic)
 
@@ -39,6 +41,8 @@ ENV_SKIP = "DPRO_SKIP"
 ENV_WARMUP = "DPRO_WARMUP"
 ENV_STEPS = "DPRO_STEPS"
 ENV_CALIBRATE = "DPRO_CALIBRATE"  # "0": no calibration (dpro record --no-calibrate)
+GZ_BYTES_PER_EVENT = 64  # a trace event gzipped, at most (16-18 bytes on CPU, longer names of GPU kernels)
+JSON_BYTES_PER_EVENT = 400  # as torch writes it first, uncompressed, in the temporary folder (about 250)
 
 
 class _Window:
@@ -98,8 +102,13 @@ class _Recorder:
         self.previous_sigterm: Any = None
 
     # -- failures ---------------------------------------------------------------------------
-    def log_error(self, where: str, exc: BaseException | None = None, disable: bool = False) -> None:
-        """Append a failure to the rank's errors.log (or the run's, before a rank is known)."""
+    def log_error(self, where: str, exc: BaseException | None = None, disable: bool = False,
+                  file: str | None = None) -> None:
+        """Append a failure to the rank's errors.log (or the run's, before a rank is known); one
+        that lost a file (``file``, else the error's) is told to the node's recorder too
+        (:mod:`dpro.collectors.losses`: a full disk may keep errors.log from being written)."""
+        if isinstance(exc, OSError):
+            self.lost(file or self.relative(exc.filename) or where, exc)
         try:
             path = self.rank_dir / ERRORS_FILE if self.rank_dir else early_errors_file(self.run_dir, os.getpid())
             detail = "".join(traceback.format_exception(exc)) if exc else ""
@@ -111,6 +120,17 @@ class _Recorder:
         if disable:
             self.enabled = False
             self.close_profiler(save=False)
+
+    def lost(self, file: str, error: BaseException | str) -> None:
+        """Tell the recorder that ``file`` (relative to the run) was not saved, and why."""
+        report_loss(loss(file, error, self.rank, self.step))
+
+    def relative(self, path: Any) -> str | None:
+        """``path`` relative to the run directory (None when it is not a path in it)."""
+        try:
+            return str(Path(os.fsdecode(path)).relative_to(self.run_dir))
+        except (TypeError, ValueError):
+            return None
 
     # -- attaching ----------------------------------------------------------------------------
     def attach(self) -> None:
@@ -159,7 +179,11 @@ class _Recorder:
             raise RuntimeError("the job closed or replaced dpro's steps.csv descriptor")
         phase = self.window.phase(self.step)
         start = "" if self.step_start_ns is None else str(self.step_start_ns)
-        os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())
+        try:
+            os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())
+        except OSError as e:  # a full disk: dpro stops in this process, the job goes on
+            self.log_error(f"writing {STEPS_FILE}", e, disable=True, file=str(Path("ranks") / str(self.rank) / STEPS_FILE))
+            return
         self.step += 1
         self.step_start_ns = now
         try:
@@ -167,7 +191,8 @@ class _Recorder:
 
             if self.step == self.window.first:
                 self.run_calibration("profiler", lambda: calibration.profiler_cost(self.new_profiler))
-                self.start_profiler()
+                if self.room_for_window():
+                    self.start_profiler()
             elif self.profiler is not None:
                 self.profiler.step()
                 if self.step >= self.window.end:
@@ -217,7 +242,7 @@ class _Recorder:
             self.calibration[part] = {"error": f"{type(e).__name__}: {e}"}
             self.log_error(f"calibrating {part}", e)
         assert self.rank_dir is not None
-        write_json_atomic(self.rank_dir / CALIBRATION_FILE, self.calibration)
+        write_json_atomic(self.rank_dir / CALIBRATION_FILE, self.calibration, parents=False)
 
     # -- profiler -------------------------------------------------------------------------------
     def start_profiler(self) -> None:
@@ -244,12 +269,51 @@ class _Recorder:
     def save_trace(self, profiler: Any) -> None:
         self.export(profiler, TRACE_FILE)
 
-    def export(self, profiler: Any, name: str) -> None:
-        """Write the profiler's trace as ``name`` in the rank's directory, atomically."""
+    def room_for_window(self) -> bool:
+        """Whether the window's traces fit on the run's disk, as the calibration's count of a
+        step's events estimates them (no estimate without the calibration: the export checks
+        again with the events it has). Without room the window is skipped and the loss told."""
+        counts = (self.calibration.get("profiler") or {})
+        per_step = sum(int((counts.get(k) or {}).get("events") or 0) for k in ("forward", "backward"))
+        steps = self.window.end - self.window.recorded + 2  # the shapes step records about twice a step's events
+        short = self.short_of_room(2 * per_step * steps)  # the optimizer's and the step's own events besides
+        if short:
+            self.lost(str(Path("ranks") / str(self.rank) / TRACE_FILE), f"disk full ({short}; the window was skipped)")
+        return not short
+
+    def short_of_room(self, events: int) -> str | None:
+        """What is missing for a trace of ``events`` events (its gzipped file in the rank's folder,
+        torch's uncompressed one in the temporary folder), in words; None when both fit."""
+        import tempfile
+
         assert self.rank_dir is not None
+        for folder, need in ((self.rank_dir, events * GZ_BYTES_PER_EVENT),
+                             (Path(tempfile.gettempdir()), events * JSON_BYTES_PER_EVENT)):
+            free = shutil.disk_usage(folder).free
+            if free < need:
+                return f"about {need / 1e6:.1f} MB needed in {folder}, {free / 1e6:.1f} MB free"
+        return None
+
+    def export(self, profiler: Any, name: str) -> None:
+        """Write the profiler's trace as ``name`` in the rank's directory, atomically, where its
+        estimated size fits; what is not saved is told to the recorder, never half-written."""
+        assert self.rank_dir is not None
+        file = str(Path("ranks") / str(self.rank) / name)
+        try:
+            events = len(profiler.profiler.kineto_results.events())
+        except Exception:  # another torch: no estimate, the write says
+            events = 0
+        short = self.short_of_room(events)
+        if short:
+            self.lost(file, f"disk full ({short}; not written)")
+            return
         tmp = self.rank_dir / f".{os.getpid()}.{name}"
-        profiler.export_chrome_trace(str(tmp))
-        os.replace(tmp, self.rank_dir / name)
+        try:
+            profiler.export_chrome_trace(str(tmp))
+            os.replace(tmp, self.rank_dir / name)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)  # a half-written trace holds the space others need
+            self.lost(file, e)
 
     def close_profiler(self, save: bool) -> None:
         """Stop a profiler still running (job ending inside the window), saving what it has; the

@@ -54,6 +54,7 @@ class StderrFilter:
         self.log_path = log
         self.out = out if out is not None else sys.stderr.buffer
         self.kept = 0  # lines sent to the log
+        self.error: OSError | None = None  # why the log could not be written (its lines then reach the terminal)
         self._owed = 0  # line ends still to come of messages that ranks wrote onto one line
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -82,7 +83,7 @@ class StderrFilter:
 
     def _run(self) -> None:
         pending = b""
-        with open(self.log_path, "ab") as log:
+        with self._log() as log:
             while True:
                 ready, _, _ = select.select([self._read_fd], [], [], _DRAIN_S if self._stop.is_set() else 0.5)
                 if not ready:
@@ -108,22 +109,36 @@ class StderrFilter:
         *lines, rest = data.split(b"\n")
         passed = []
         for line in lines:
-            if CHATTER.fullmatch(line):
-                log.write(line + b"\n")
+            if CHATTER.fullmatch(line) and self._logged(log, line + b"\n"):
                 self.kept += 1
                 self._owed += sum(1 for _ in _ONE.finditer(line)) - 1
             elif not line and self._owed:  # the line end of a message that shared a line with another's
                 self._owed -= 1
             else:
                 passed.append(line + b"\n")
-        if lines:
-            log.flush()
         if rest and not any(rest.startswith(s) or s.startswith(rest) for s in _STARTS):
             passed.append(rest)
             rest = b""
         if passed:
             self._pass(b"".join(passed))
         return rest
+
+    def _log(self) -> BinaryIO:
+        """The log, or where nothing goes when it cannot be opened (a full disk)."""
+        try:
+            return open(self.log_path, "ab", buffering=0)
+        except OSError as e:
+            self.error = e
+            return open(os.devnull, "wb")
+
+    def _logged(self, log: BinaryIO, line: bytes) -> bool:
+        if self.error is None:
+            try:
+                log.write(line)
+                return True
+            except OSError as e:
+                self.error = e
+        return False
 
     def _pass(self, data: bytes) -> None:
         try:

@@ -163,7 +163,8 @@ def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules
         "rank": rank, "world_size": world_size,
         "local_rank": _env_int("LOCAL_RANK"), "local_world_size": _env_int("LOCAL_WORLD_SIZE"),
         "node_rank": _env_int("GROUP_RANK"),
-        "host": socket.gethostname(), "pid": os.getpid(), "written_ns": time.time_ns(),
+        "host": socket.gethostname(), "node": os.environ.get("DPRO_NODE"), "pid": os.getpid(),
+        "written_ns": time.time_ns(),
         "argv": sys.argv, "backend": dist.get_backend() if initialised else None,
         "process_groups": _section(process_groups), "versions": _section(versions),
         "devices": _section(devices), "profiler_window": profiler_window,
@@ -174,7 +175,7 @@ def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules
     }
     if applied is not None:
         meta["applied"] = applied
-    write_json_atomic(path, meta)
+    write_json_atomic(path, meta, parents=False)
 
 
 def _section(collect: Any, *args: Any) -> Any:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,14 @@ from dpro.collectors.counters import Snapshot, take_snapshot
 from dpro.collectors.counters.sysfs import SYSFS_ROOT_ENV
 from dpro.collectors.gpu import GpuSampler
 from dpro.collectors.job_output import StderrFilter
+from dpro.collectors.losses import ENV_REPORT_SOCKET, LossListener, loss
 from dpro.errors import DproError
 from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, JOB_STDERR_FILE,
                              NCCL_LOG_PATTERN, NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
-                             open_run, write_json_atomic)
+                             not_saved_reason, open_run, write_json_atomic)
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+ENV_NODE = "DPRO_NODE"  # the node's folder name (nodes/<host>-<pid>): each rank's metadata names its node
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -53,6 +56,7 @@ class RecordOptions:
     calibrate: bool = True
     apply: dict[str, Any] | None = None  # a strategy file's content (dpro record --apply)
     verbose: bool = False  # the job's stderr unfiltered (else the profiler's messages go to the node's log)
+    strict: bool = False  # a failure to save fails the recording (dpro record --strict-record)
 
 
 def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
@@ -109,9 +113,12 @@ def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[s
         env[SYSFS_ROOT_ENV] = opts.sysfs_root
     if "NCCL_DEBUG" in base:
         return env, f"NCCL_DEBUG={base['NCCL_DEBUG']} set by the user: NCCL logs left where the user sends them"
+    try:
+        nccl_dir(opts.output).mkdir(exist_ok=True)
+    except OSError as e:
+        return env, f"NCCL logs not kept: nccl/ cannot be made ({not_saved_reason(e)})"
     env["NCCL_DEBUG"] = "INFO"
     env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV,GRAPH,TUNING")
-    nccl_dir(opts.output).mkdir(exist_ok=True)
     env.setdefault("NCCL_DEBUG_FILE", str(nccl_dir(opts.output.resolve()) / NCCL_LOG_PATTERN))
     return env, "NCCL_DEBUG=INFO"
 
@@ -152,59 +159,143 @@ def _start_child(command: list[str], env: dict[str, str], tty: int | None, stder
         raise RecordError(f"permission denied: {command[0]}") from None
 
 
-def record(command: list[str], opts: RecordOptions) -> int:
-    """Record ``command``; return its exit status (negative: killed by that signal)."""
+@dataclass
+class Recorded:
+    """How a recording ended: the job's ``status`` (negative: killed by that signal), and what
+    dpro could not save (:func:`dpro.collectors.losses.loss` entries; empty when all was)."""
+
+    status: int
+    lost: list[dict[str, Any]]
+    unrecorded: str | None = None  # why the job ran without dpro (the run directory could not be made)
+
+
+def record(command: list[str], opts: RecordOptions, say: Callable[[str], None] = lambda line: None) -> Recorded:
+    """Record ``command``. Whatever happens to dpro's own writing (a full disk, a read-only or
+    removed run folder) the job runs to its end; what was not saved is returned and kept in the
+    node's ``node.json`` where anything can be written. Bad options and a run folder in use are
+    refused before the job starts (:class:`RecordError`). ``say`` is told, before the job
+    starts, when it runs unrecorded."""
     if not command:
         raise RecordError("missing the command to record, e.g. dpro record -o RUN -- torchrun "
                           "--nproc-per-node 2 train.py")
-    prepare_run_dir(opts, command)
     host = socket.gethostname()
     node = node_dir(opts.output, host, os.getpid())
-    node.mkdir(parents=True)
+    try:
+        prepare_run_dir(opts, command)
+        node.mkdir(parents=True)
+    except OSError as e:  # the run cannot be written at all: the job runs as it would without dpro
+        why = f"cannot write the run directory {opts.output}: {not_saved_reason(e)}"
+        if opts.strict:
+            raise RecordError(f"{why} (--strict-record: the job was not started)") from None
+        say(f"{why}; the job runs unrecorded (--strict-record refuses to start it)")
+        return Recorded(_run_unrecorded(command), [loss(str(opts.output), e)], why)
+    lost: list[dict[str, Any]] = []
+    saved = lambda path, write: _saved(path, write, opts.output, lost)  # noqa: E731
     env, nccl_note = child_environment(opts, dict(os.environ))
+    env[ENV_NODE] = node.name
+    listener = LossListener()
+    env[ENV_REPORT_SOCKET] = listener.name
     facts: dict[str, Any] = {"host": host, "pid": os.getpid(), "command": command,
                              "started_ns": time.time_ns(), "collectors": {"nccl": nccl_note}}
-    write_json_atomic(node / NODE_FILE, facts)
-
-    write_json_atomic(node / COUNTERS_START_FILE, take_snapshot(opts.sysfs_root).to_dict())
+    saved(node / NODE_FILE, lambda path: write_json_atomic(path, facts, parents=False))
+    saved(node / COUNTERS_START_FILE, lambda path: write_json_atomic(path, take_snapshot(opts.sysfs_root).to_dict(), parents=False))
     tty = _foreground_tty()
     stderr = None if opts.verbose else StderrFilter(node / JOB_STDERR_FILE)
     try:
         child = _start_child(command, env, tty, stderr.child_fd if stderr else None)
+    except RecordError:
+        listener.close()
+        raise
     finally:
         if stderr:
             stderr.start()
-    forward = lambda signum, frame: _forward(child.pid, signum)  # noqa: E731
-    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     sampler = GpuSampler(node / GPU_SAMPLES_FILE, opts.gpu_interval_s)
     facts["collectors"]["gpu"] = sampler.start()
     connections = ConnectionSampler(node / CONNECTIONS_FILE, child.pid)
     facts["collectors"]["connections"] = connections.start()
     try:
-        status = child.wait()
+        status = _wait(child, tty)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        _give_terminal(tty)
         sampler.stop()
         connections.stop()
         if stderr:
             stderr.stop()
+        lost += listener.close()
     end = take_snapshot(opts.sysfs_root)
-    write_json_atomic(node / COUNTERS_END_FILE, end.to_dict())
+    saved(node / COUNTERS_END_FILE, lambda path: write_json_atomic(path, end.to_dict(), parents=False))
     facts["collectors"]["counters"] = _counters_note(end)
     facts["collectors"]["nccl"] += _nccl_logs_note(nccl_dir(opts.output))
     if sampler.error:
         facts["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
     if connections.error:
         facts["collectors"]["connections"] += f"; stopped early: {connections.error}"
+    if stderr and stderr.error:
+        lost.append(loss(_relative(node / JOB_STDERR_FILE, opts.output), stderr.error))
     if stderr and stderr.kept:
         facts["collectors"]["stderr"] = (f"{stderr.kept} line(s) of torch's messages about profiling kept off the "
                                          f"terminal, in {JOB_STDERR_FILE} (-v shows them)")
     facts.update(ended_ns=time.time_ns(), exit_code=status if status >= 0 else None,
                  signal=signal.Signals(-status).name if status < 0 else None)
-    write_json_atomic(node / NODE_FILE, facts)
-    return status
+    facts["lost"] = lost = _unique(lost)
+    _save_node_facts(node / NODE_FILE, facts, opts.output, lost)
+    return Recorded(status, lost)
+
+
+def _saved(path: Path, write: Any, root: Path, lost: list[dict[str, Any]]) -> bool:
+    """``write(path)``; a failure to write is kept in ``lost``, not raised."""
+    try:
+        write(path)
+        return True
+    except OSError as e:
+        lost.append(loss(_relative(path, root), e))
+        return False
+
+
+def _save_node_facts(path: Path, facts: dict[str, Any], root: Path, lost: list[dict[str, Any]]) -> None:
+    """Write the node's facts (its losses among them): atomically, else over the file written at
+    the start (a full disk has room for what it held; a new file may find none)."""
+    if _saved(path, lambda p: write_json_atomic(p, facts, parents=False), root, []):
+        return
+    try:
+        with open(path, "r+") as f:  # never creates it: a removed run folder stays removed
+            f.truncate(0)
+            f.write(json.dumps(facts, indent=1, default=str) + "\n")
+    except OSError as e:
+        lost.append(loss(_relative(path, root), e))
+
+
+def _unique(lost: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per file and reason (a rank tells each failure; the first says it)."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for entry in lost:
+        seen.setdefault((entry.get("rank"), entry.get("file"), entry.get("why")), entry)
+    return list(seen.values())
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _run_unrecorded(command: list[str]) -> int:
+    """Run the job as it is, with no dpro in it; its exit status."""
+    tty = _foreground_tty()
+    return _wait(_start_child(command, dict(os.environ), tty, None), tty)
+
+
+def _wait(child: subprocess.Popen, tty: int | None) -> int:
+    """The job's exit status, the signals dpro gets meanwhile forwarded to its process group;
+    then the terminal back to dpro."""
+    forward = lambda signum, frame: _forward(child.pid, signum)  # noqa: E731
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        return child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _give_terminal(tty)
 
 
 def _forward(pgid: int, signum: int) -> None:

@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dpro.run_format import not_saved_reason
+
 
 class CsvSampler:
     """Calls :meth:`_sample` every ``interval_s`` in a daemon thread and writes its rows under
@@ -37,13 +39,15 @@ class CsvSampler:
         raise NotImplementedError
 
     def _run(self) -> None:
-        with open(self.path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(self.columns)
-            try:
+        try:
+            with open(self.path, "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(self.columns)
                 while not self._stop.is_set():
                     writer.writerows(self._sample())
                     f.flush()
                     self._stop.wait(self.interval_s)
-            except Exception as e:
-                self.error = f"{type(e).__name__}: {e}"
+        except OSError as e:  # the file (a full disk, a removed run folder): said as what was not saved
+            self.error = f"not saved: {not_saved_reason(e)}"
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {e}"

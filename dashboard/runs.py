@@ -71,8 +71,8 @@ class RunView:
         """Compute what the pages show (a part that cannot be had is noted in :attr:`missing`)."""
         self.gaps = self.analysis.run.gaps
         if not self.analysis.has_traces:
-            self.no_replay = ("traces: no rank wrote one (was the profiling window reached?), so there is no "
-                              "timeline, replay, breakdown or what-if")
+            why = "; ".join(self.analysis.run.why_no_trace(r) for r in self.analysis.ranks) or "no rank recorded"
+            self.no_replay = f"traces: none ({why}), so there is no timeline, replay, breakdown or what-if"
         else:
             try:
                 _ = self.lanes, self.critical, self.occurrence, self.breakdowns

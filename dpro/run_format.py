@@ -27,10 +27,12 @@ hooks inside the training job use it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,13 +40,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpro.errors import DproError
-from dpro.run_records import Calibration, RankMeta
+from dpro.run_records import Calibration, NodeRecord, RankMeta
 
 if TYPE_CHECKING:
     import pandas as pd
 
 FORMAT_NAME = "dpro-run"
-FORMAT_VERSION = "1.2"
+FORMAT_VERSION = "1.3"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
 DPRO_PHASES = ("warmup", "shapes", "export")
@@ -118,9 +120,10 @@ def format_major(version: str) -> int:
     return int(str(version).split(".", 1)[0])
 
 
-def write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
+def write_atomically(path: Path, write: Callable[[Path], Any], parents: bool = True) -> None:
     """Call ``write(temporary path)``, then rename the file to ``path`` (readers never see half)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -132,10 +135,22 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> None:
         raise
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+_NOT_SAVED = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system",
+              errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+              errno.ENOENT: "its folder was removed", errno.ESTALE: "its folder was removed"}
+
+
+def not_saved_reason(error: OSError) -> str:
+    """Why a file could not be written, in the words ``dpro info`` shows (``disk full``...)."""
+    return _NOT_SAVED.get(error.errno or 0, error.strerror or str(error))
+
+
+def write_json_atomic(path: Path, data: Any, parents: bool = True) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename (``parents``: make
+    the folders above it where missing; the recorder's writes do not, so that a run folder
+    removed while recording stays removed)."""
     text = json.dumps(data, indent=1, default=str) + "\n"
-    write_atomically(path, lambda tmp: tmp.write_text(text))
+    write_atomically(path, lambda tmp: tmp.write_text(text), parents)
 
 
 def read_json(path: Path) -> Any:
@@ -289,8 +304,93 @@ class Run:
             gaps.insert(0, f"{_rank_list(absent)} of the job's {world} wrote nothing")
         traced = self.traced_ranks
         if traced and len(traced) < len(ranks):
-            gaps.append(f"{_rank_list(sorted(set(ranks) - set(traced)))} wrote no trace ({_rank_list(traced)} did)")
+            gaps += [self.why_no_trace(r) for r in ranks if r not in traced]
+        gaps += [f"node {n.name} was lost{self.last_step_note(n)}" for n in self.node_records() if not n.ended]
         return gaps
+
+    def node_records(self) -> list[NodeRecord]:
+        """Every node's ``node.json`` as a record (an unreadable one: a node lost early)."""
+        out = []
+        for d in self.node_dirs():
+            try:
+                out.append(NodeRecord.from_json(d.name, read_json(d / NODE_FILE)))
+            except RunFormatError:
+                out.append(NodeRecord(d.name))
+        return out
+
+    def why_no_trace(self, rank: int) -> str:
+        """Why ``rank`` has no trace, in one line: not saved (and why), its node lost, the rank
+        stopped inside the profiling window, or the window not reached."""
+        name = f"ranks/{rank}/{TRACE_FILE}"
+        losses = [x for n in self.node_records() for x in n.lost if x.file == name or x.rank == rank]
+        for lost in sorted(losses, key=lambda x: x.file != name):
+            if lost.file == name:
+                return f"rank {rank}'s trace was not saved: {lost.why}"
+            return f"rank {rank}'s trace was not saved: {lost.why} (writing {lost.file} at step {lost.step} failed)"
+        node = self._node_of(rank)
+        if node is not None and not node.ended:
+            return f"rank {rank}'s node {node.name} was lost{self.last_step_note(node)}"
+        steps = self.steps(rank)
+        window = self.window()
+        if not len(steps):
+            return f"rank {rank} timed no step"
+        last = int(steps["step"].max())
+        if window is not None and window[0] <= last < window[1]:
+            return f"rank {rank} stopped at step {last}, inside the profiling window (steps {window[0]}-{window[1] - 1})"
+        if window is not None and last < window[0]:
+            return f"rank {rank} ran {last + 1} steps: the profiling window (from step {window[0]}) was not reached"
+        return f"rank {rank} wrote no trace"
+
+    def window(self) -> tuple[int, int] | None:
+        """The steps the profiler ran, ``[first, end)`` (warm-up and recorded), from the run's
+        options; None where they are not known."""
+        options = self.manifest.get("options") or {}
+        try:
+            first = int(options["skip"])
+            return first, first + int(options["warmup"]) + int(options["steps"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _node_of(self, rank: int) -> NodeRecord | None:
+        """The node whose ``dpro record`` started the rank (by the name the rank recorded; by its
+        host where one node ran there)."""
+        meta = self.metas.get(rank)
+        if meta is None or not meta.present:
+            return None
+        nodes = self.node_records()
+        named = [n for n in nodes if meta.node and n.name == meta.node]
+        on_host = [n for n in nodes if n.host == meta.host]
+        return (named or (on_host if len(on_host) == 1 else [None]))[0]
+
+    def last_step_note(self, node: NodeRecord) -> str:
+        """`` (no end record) after step N, at HH:MM:SS``: how a lost node's ranks last were seen."""
+        ranks = [r for r in self.ranks if self._node_of(r) == node]
+        ends = [(int(s["step"]), int(s["end_ns"])) for r in ranks
+                for s in self.steps(r).dropna(subset=["end_ns"]).tail(1).to_dict("records")]
+        if not ends:
+            return " (no end record; none of its ranks timed a step)"
+        step, end = max(ends, key=lambda x: x[1])
+        return f" (no end record) after step {step}, at {time.strftime('%H:%M:%S', time.localtime(end / 1e9))}"
+
+    @cached_property
+    def job_command(self) -> list[str]:
+        """The job's command as every node ran it: the nodes' own commands where they agree, an
+        argument that differs (``--node_rank=1``) shown as ``--node_rank=<per node>``; the
+        manifest's where no node recorded one."""
+        commands = [list(n.command) for n in self.node_records() if n.command]
+        if not commands:
+            return list(self.manifest.get("command") or [])
+        first = commands[0]
+        if any(len(c) != len(first) for c in commands):
+            return first
+        out = []
+        for i, arg in enumerate(first):
+            if all(c[i] == arg for c in commands):
+                out.append(arg)
+            else:
+                out.append(arg.split("=", 1)[0] + "=<per node>" if arg.startswith("-") and "=" in arg
+                           else "<per node>")
+        return out
 
     def node_dirs(self) -> list[Path]:
         """The directory of every recording process (node), sorted."""

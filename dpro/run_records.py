@@ -181,6 +181,7 @@ class RankMeta:
     rank: int | None = None
     world_size: int | None = None
     host: str = ""
+    node: str = ""  # the folder of the node's dpro record (nodes/<host>-<pid>), "" before format 1.3
     pid: int | None = None
     backend: str | None = None
     process_groups: tuple[dict[str, Any], ...] = ()
@@ -197,12 +198,62 @@ class RankMeta:
         if not meta:
             return cls()
         return cls(present=True, rank=_int(meta.get("rank")), world_size=_int(meta.get("world_size")) or None,
-                   host=str(meta.get("host") or ""), pid=_int(meta.get("pid")),
+                   host=str(meta.get("host") or ""), node=str(meta.get("node") or ""), pid=_int(meta.get("pid")),
                    backend=str(meta["backend"]) if meta.get("backend") else None,
                    process_groups=tuple(g for g in _dicts(meta.get("process_groups")) if "pg_name" in g),
                    parallel=ParallelLayout.from_json(meta.get("parallel")), ddp=tuple(DdpLayout.all_in(meta)),
                    memory=HeldMemory.from_json(meta.get("memory")), applied=Applied.from_json(meta.get("applied")),
                    versions=_dict(meta.get("versions")), devices=_dict(meta.get("devices")))
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Something ``dpro record`` could not save: ``file`` (relative to the run), ``why`` in words
+    (``disk full``, ``read-only file system``, ``its folder was removed``...), the error, the rank
+    and the step where known."""
+
+    file: str
+    why: str
+    detail: str = ""
+    rank: int | None = None
+    step: int | None = None
+
+    @classmethod
+    def from_json(cls, entry: Any) -> Loss | None:
+        entry = _dict(entry)
+        if not entry.get("file") or not entry.get("why"):
+            return None
+        return cls(str(entry["file"]), str(entry["why"]), str(entry.get("detail") or ""), _int(entry.get("rank")),
+                   _int(entry.get("step")))
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node's ``node.json`` (one ``dpro record`` process): ``name`` is its folder. A node
+    without ``ended_ns`` was lost: its recorder never wrote its end (killed, or its host went down)."""
+
+    name: str
+    host: str = ""
+    command: tuple[str, ...] = ()
+    started_ns: int | None = None
+    ended_ns: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    collectors: dict[str, str] = field(default_factory=dict)
+    lost: tuple[Loss, ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_ns is not None
+
+    @classmethod
+    def from_json(cls, name: str, data: Any) -> NodeRecord:
+        data = _dict(data)
+        return cls(name, str(data.get("host") or ""), tuple(map(str, data.get("command") or ())),
+                   _int(data.get("started_ns")), _int(data.get("ended_ns")), _int(data.get("exit_code")),
+                   str(data["signal"]) if data.get("signal") else None,
+                   {str(k): str(v) for k, v in _dict(data.get("collectors")).items()},
+                   tuple(x for x in map(Loss.from_json, data.get("lost") or ()) if x is not None))
 
 
 @dataclass(frozen=True)

@@ -35,14 +35,36 @@ def test_gaps_name_each_missing_part(recorded_run: Path, tmp_path: Path) -> None
     run = tmp_path / "run"
     shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
     (run / "ranks" / "1" / "trace.json.gz").unlink()
-    assert open_run(run).gaps == ["rank 1 wrote no trace (rank 0 did)"]
+    assert open_run(run).gaps == ["rank 1 wrote no trace"]
     (run / "ranks" / "1" / "meta.json").write_text("{not json")
-    assert open_run(run).gaps == ["rank 1's meta.json is unreadable", "rank 1 wrote no trace (rank 0 did)"]
+    assert open_run(run).gaps == ["rank 1's meta.json is unreadable", "rank 1 wrote no trace"]
     (run / "ranks" / "1" / "meta.json").unlink()
-    assert open_run(run).gaps == ["rank 1 wrote no meta.json", "rank 1 wrote no trace (rank 0 did)"]
+    assert open_run(run).gaps == ["rank 1 wrote no meta.json", "rank 1 wrote no trace"]
     meta = json.loads((run / "ranks" / "0" / "meta.json").read_text())
     (run / "ranks" / "0" / "meta.json").write_text(json.dumps({**meta, "world_size": 9}))
     assert open_run(run).gaps[0] == "ranks 2-8 of the job's 9 wrote nothing"
+
+
+def test_a_missing_trace_says_why(recorded_run: Path, tmp_path: Path) -> None:
+    """Not saved (as the node recorded it), the node lost, the rank stopped inside the window, the
+    window not reached: told apart from the run's own files (window: steps 3-5 of 12)."""
+    run = tmp_path / "run"
+    shutil.copytree(recorded_run, run, ignore=shutil.ignore_patterns("derived"))
+    (run / "ranks" / "1" / "trace.json.gz").unlink()
+    steps = run / "ranks" / "1" / "steps.csv"
+    whole = steps.read_text().splitlines()
+    steps.write_text("\n".join(whole[:6]) + "\n")  # the header and steps 0-4
+    assert open_run(run).why_no_trace(1) == "rank 1 stopped at step 4, inside the profiling window (steps 3-5)"
+    steps.write_text("\n".join(whole[:3]) + "\n")  # steps 0-1
+    assert open_run(run).why_no_trace(1) == "rank 1 ran 2 steps: the profiling window (from step 3) was not reached"
+    node_file, = run.glob("nodes/*/node.json")
+    node = json.loads(node_file.read_text())
+    node_file.write_text(json.dumps({k: v for k, v in node.items() if k not in ("ended_ns", "exit_code", "signal")}))
+    opened = open_run(run)
+    assert opened.why_no_trace(1).startswith(f"rank 1's node {node_file.parent.name} was lost (no end record) after step")
+    assert any(gap.startswith(f"node {node_file.parent.name} was lost") for gap in opened.gaps)
+    node_file.write_text(json.dumps({**node, "lost": [{"file": "ranks/1/trace.json.gz", "why": "disk full", "rank": 1}]}))
+    assert open_run(run).why_no_trace(1) == "rank 1's trace was not saved: disk full"
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])

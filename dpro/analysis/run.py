@@ -274,7 +274,8 @@ class RunAnalysis:
 
     def _per_rank_stage(self) -> tuple[dict[int, RankReduction], dict[int, str]]:
         if not self.traced_ranks:
-            raise GraphError(f"{self.root}: no rank wrote a trace; was the profiling window reached?")
+            why = "; ".join(self.run.why_no_trace(r) for r in self.ranks) or "no rank recorded anything"
+            raise GraphError(f"{self.root}: no trace to analyse: {why}")
         results = self._reduce(self.traced_ranks, None)
         undecodable = {r: why for r, why in results.items() if isinstance(why, str)}
         reductions = {r: rd for r, rd in results.items() if not isinstance(rd, str)}

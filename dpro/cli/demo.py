@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from dpro.cli.options import default_run_name
-from dpro.cli.record import verbose_option, window_options
+from dpro.cli.record import say_lost, verbose_option, window_options
 from dpro.errors import DproError
 
 WHATIF_SCALE = 0.1  # the what-if shown: every link this many times as fast as recorded
@@ -51,10 +51,12 @@ def demo(output: Path | None, nproc: int, train_steps: int, skip: int, warmup: i
                f"into {run_dir}/", err=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for its ranks, without its banner
     started = time.monotonic()
-    status = record_job(command, RecordOptions(output=run_dir, skip=skip, warmup=warmup, steps=steps,
-                                               verbose=verbose))
-    if status != 0:
-        raise click.ClickException(f"the example job failed (status {status}); see the output above")
+    recorded = record_job(command, RecordOptions(output=run_dir, skip=skip, warmup=warmup, steps=steps,
+                                                 verbose=verbose), say=lambda line: click.echo(f"dpro: {line}", err=True))
+    say_lost(recorded.lost)
+    if recorded.status != 0 or recorded.unrecorded:
+        raise click.ClickException(f"the example job failed (status {recorded.status}); see the output above"
+                                   if recorded.status else "nothing was recorded; see the output above")
     recorded_s = time.monotonic() - started
     click.echo("\n".join(tour(RunAnalysis.open(run_dir), shlex.quote(str(run_dir)), recorded_s)))
     if open_dashboard:

@@ -33,7 +33,11 @@ def diagnose(run: Any, probes: Path | None, topology: Path | None, as_json: bool
     from dpro.anomaly.diagnose import diagnose as diagnose_suspects
     from dpro.anomaly.suspects import to_json
 
-    suspects = diagnose_suspects(open_analysis(run, scheduler, workers), probes, topology)
+    analysis = open_analysis(run, scheduler, workers)
+    if not analysis.has_traces:
+        why = "; ".join(run.why_no_trace(r) for r in run.ranks) or "no rank recorded"
+        click.echo(f"note: no trace, so no collective was analysed (stragglers, slow transfers): {why}", err=True)
+    suspects = diagnose_suspects(analysis, probes, topology)
     if as_json:
         click.echo(json.dumps(to_json(suspects), indent=1))
     else:

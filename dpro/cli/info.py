@@ -56,10 +56,21 @@ def format_summary(s: dict[str, Any]) -> str:
     lines += ["", table(rows)]
     if (s.get("window") or {}).get("disturbed"):
         lines.append(f"\nwarning: {s['window']['message']}")
+    for r in s["per_rank"]:
+        if r.get("no_trace"):
+            lines.append(f"no trace: {r['no_trace']}")
+    several = len(s.get("nodes", [])) > 1
     for n in s.get("nodes", []):
-        status = f"exit code {n['exit_code']}" if n.get("signal") is None else f"killed by {n['signal']}"
-        lines.append(f"\nnode {n['host']}: job {status}")
-        lines += [f"  {name}: {note}" for name, note in (n.get("collectors") or {}).items()]
+        name = n.get("name") if several else n.get("host")  # several nodes of one host differ by their pid
+        if not n.get("ended", True):
+            lines.append(f"\nnode {name}: lost {n.get('lost_at') or ''}".rstrip())
+        else:
+            status = f"exit code {n['exit_code']}" if n.get("signal") is None else f"killed by {n['signal']}"
+            lines.append(f"\nnode {name}: job {status}")
+        if several and n.get("command"):
+            lines.append(f"  command: {' '.join(n['command'])}")
+        lines += [f"  {key}: {note}" for key, note in (n.get("collectors") or {}).items()]
+        lines += [f"  not saved: {x['file']}: {x['why']}" for x in n.get("not_saved") or []]
     return "\n".join(lines)
 
 

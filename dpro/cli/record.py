@@ -10,6 +10,7 @@ import click
 
 from dpro.cli import CONTEXT
 from dpro.cli.options import default_run_name
+from dpro.errors import DproError
 
 
 def window_options(fn: Any) -> Any:
@@ -51,11 +52,15 @@ def verbose_option(fn: Any) -> Any:
 @click.option("--apply", "strategy", type=click.Path(dir_okay=False, path_type=Path), metavar="STRATEGY.json",
               help="Run the job with a strategy of `dpro optimize` (its bucket cap and communication hook), "
                    "without changing the script.")
+@click.option("--strict-record", is_flag=True,
+              help="Exit 1 when dpro could not save part of the recording (a full disk, a read-only or removed "
+                   "run folder), instead of the job's exit code; with a run folder that cannot be written, "
+                   "do not start the job.")
 @verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool, join: bool,
            gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, strategy: Path | None,
-           verbose: bool, command: tuple[str, ...]) -> None:
+           strict_record: bool, verbose: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND and record every rank of the training job it starts.
 
     \b
@@ -65,7 +70,8 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
       srun dpro record --join -o /shared/run1 -- torchrun ... train.py   (one per node)
 
     The script is not changed: steps end at each optimizer step (or at dpro.step() in loops
-    without an optimizer). dpro exits with the job's exit code.
+    without an optimizer). dpro exits with the job's exit code, whatever happens to its own
+    writing (what it could not save is said, and kept in the run where anything can be written).
     """
     from dpro.collectors.record import RecordOptions, exit_like
     from dpro.collectors.record import record as record_job
@@ -73,10 +79,23 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
     applied = _strategy_file(strategy) if strategy is not None else None
     opts = RecordOptions(output=output or default_run_name("dpro-run"), skip=skip, warmup=warmup,
                          steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
-                         sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied, verbose=verbose)
-    status = record_job(list(command), opts)
-    _report_recording(opts.output)
-    sys.exit(exit_like(status))
+                         sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied, verbose=verbose,
+                         strict=strict_record)
+    recorded = record_job(list(command), opts, say=lambda line: click.echo(f"dpro: {line}", err=True))
+    if recorded.unrecorded is None:
+        _report_recording(opts.output)
+    say_lost(recorded.lost)
+    if strict_record and recorded.lost:
+        raise click.ClickException(f"{len(recorded.lost)} part(s) of the recording not saved (--strict-record; "
+                                   f"the job's exit code was {recorded.status})")
+    sys.exit(exit_like(recorded.status))
+
+
+def say_lost(lost: list[dict[str, Any]]) -> None:
+    """One line on stderr per thing dpro could not save."""
+    for entry in lost:
+        where = f" (rank {entry['rank']}, step {entry['step']})" if entry.get("rank") is not None else ""
+        click.echo(f"dpro: not saved: {entry['file']}{where}: {entry['why']}", err=True)
 
 
 def _strategy_file(path: Path) -> dict[str, Any]:
@@ -90,11 +109,16 @@ def _strategy_file(path: Path) -> dict[str, Any]:
 
 
 def _report_recording(run_dir: Path) -> None:
-    """Say on stderr what was recorded, and any hook failure."""
+    """Say on stderr what was recorded, and any hook failure (never fails: the job's exit code
+    is what dpro record exits with)."""
     from dpro.analysis import RunAnalysis
     from dpro.analysis.summary import summarize_run
 
-    summary = summarize_run(RunAnalysis.open(run_dir), count_events=False)
+    try:
+        summary = summarize_run(RunAnalysis.open(run_dir), count_events=False)
+    except (DproError, OSError) as e:
+        click.echo(f"dpro: the run cannot be read back: {e}", err=True)
+        return
     ranks = summary["per_rank"]
     traces = sum(1 for r in ranks if r["trace"])
     steps = sorted({r["steps"] for r in ranks})
