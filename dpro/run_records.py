@@ -343,8 +343,7 @@ class Calibration:
             links=tuple(LinkStream(int(s["src"]), int(s["dst"]), float(s.get("window_ns") or 0),
                                    tuple(map(float, s.get("window_bytes") or ())),
                                    int(s["listen"][1]) if s.get("listen") else None)
-                        for s in _dicts(measured.get("links")) if {"src", "dst"} <= s.keys()
-                        and isinstance(s.get("window_ns"), (int, float)) and s["window_ns"] > 0),
+                        for s in _dicts(measured.get("links")) if {"src", "dst"} <= s.keys()),
             interference=InterferenceTiming(*(float(interference[k]) for k in (
                 "compute_alone_ns", "compute_beside_comm_ns", "comm_alone_ns", "comm_beside_compute_ns")))
             if interference.get("compute_alone_ns") and interference.get("comm_alone_ns") else None,

@@ -111,7 +111,7 @@ def wire_rates(calibrations: dict[int, Calibration], rank_hosts: dict[int, str])
         for link in calibration.links:
             src, dst = rank_hosts.get(link.src), rank_hosts.get(link.dst)
             whole = link.window_bytes[:-1]  # the last window is partial
-            if src and dst and whole and max(whole) > 0:
+            if src and dst and whole and max(whole) > 0 and link.window_ns > 0:  # a stream never timed: no rate
                 rates["intra" if src == dst else "inter"].append(float(np.percentile(whole, LINK_PERCENTILE)) /
                                                                   link.window_ns)
     return {cls: float(np.median(r)) for cls, r in rates.items()}

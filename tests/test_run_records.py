@@ -48,11 +48,15 @@ def test_older_forms_are_upgraded_where_they_are_read() -> None:
         {"forward": 550.0, "backward": 550.0}
     [layout] = DdpLayout.all_in({"ddp": [{"bucket_cap_bytes": 25 << 20}, {"error": "RuntimeError: x"}]})
     assert layout.first_bucket_bytes_cap == DDP_FIRST_BUCKET_BYTES and layout.buckets == ()
-    # a stream without the port it listened on (before dpro kept it); one never timed is left out
+    # a stream without the port it listened on (before dpro kept it), one that was never timed
+    # (kept: its port still marks dpro's own traffic; the link model gives it no rate)
     links = Calibration.from_json({"collectives": {"links": [
-        {"src": 1, "dst": 0, "window_ns": 5e7, "window_bytes": [1, 2]}, {"src": 0, "dst": 1},
-        {"src": 0, "dst": 1, "window_ns": 0, "window_bytes": [1]}]}}).links
-    assert [(s.listen_port, s.window_bytes) for s in links] == [(None, (1.0, 2.0))]
+        {"src": 1, "dst": 0, "window_ns": 5e7, "window_bytes": [1, 2]}, {"src": 0, "dst": 1}]}}).links
+    assert [(s.listen_port, s.window_bytes) for s in links] == [(None, (1.0, 2.0)), (None, ())]
+    from dpro.replayer.linkmodel import wire_rates
+
+    untimed = Calibration.from_json({"collectives": {"links": [{"src": 0, "dst": 1, "window_bytes": [5, 5, 1]}]}})
+    assert wire_rates({0: untimed}, {0: "a", 1: "b"}) == {}
 
 
 def test_damaged_entries_are_left_out_and_failed_parts_said() -> None:
