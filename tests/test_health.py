@@ -201,7 +201,7 @@ def test_the_history_is_migrated_by_alembic_and_matches_its_model(tmp_path: Path
     with History.open(f"sqlite:///{tmp_path}/deep/health.db") as history:
         with history.engine.connect() as connection:
             context = MigrationContext.configure(connection)
-            assert context.get_current_revision() == "0001"
+            assert context.get_current_revision() == "0002"
             assert compare_metadata(context, Base.metadata) == []
 
 

@@ -39,7 +39,9 @@ class Base(DeclarativeBase):
 
 class RunRow(Base):
     __tablename__ = "health_runs"
+    __table_args__ = (sa.UniqueConstraint("cluster", "started", name="uq_health_runs_cluster_started"),)
     id: Mapped[int] = mapped_column(primary_key=True)
+    cluster: Mapped[str] = mapped_column(sa.String(255), index=True, default="", server_default="")
     started: Mapped[datetime] = mapped_column(sa.DateTime, index=True)
     finished: Mapped[datetime] = mapped_column(sa.DateTime)
     verdict: Mapped[str] = mapped_column(sa.String(16))
@@ -88,20 +90,26 @@ def default_url() -> str:
 
 
 class History:
-    """An open health database (a context manager)."""
+    """An open health database (a context manager). ``cluster``: the cluster whose runs this
+    history adds and reads (several clusters may share one database); None reads every cluster's
+    and adds as the unnamed one, ``""``."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, cluster: str | None = None) -> None:
         self.engine = engine
+        self.cluster = cluster
 
     @classmethod
-    def open(cls, url: str | None = None, read_only: bool = False) -> History:
+    def open(cls, url: str | None = None, read_only: bool = False, cluster: str | None = None) -> History:
         """Open (creating an SQLite file and its folder if need be) and bring the schema to the
-        newest migration; ``read_only``: neither, the database must exist at the newest migration."""
+        newest migration; ``read_only``: neither, the database must exist at the newest migration.
+        ``postgresql://`` URLs use psycopg 3 (the ``postgres`` extra)."""
         url = url or default_url()
         try:
             parsed = sa.engine.make_url(url)
         except sa.exc.ArgumentError:
             raise HistoryError(f"not a database URL: {url!r} (e.g. sqlite:///health.db)") from None
+        if parsed.drivername == "postgresql":  # SQLAlchemy's default driver for it is psycopg2
+            parsed = parsed.set(drivername="postgresql+psycopg")
         shown = parsed.render_as_string(hide_password=True)
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             path = Path(parsed.database).expanduser()
@@ -113,10 +121,15 @@ class History:
             if read_only:
                 _check_schema(engine, shown)
             else:
-                _upgrade(engine)
+                _upgrade(engine, shown)
+        except ModuleNotFoundError as e:
+            if (e.name or "").startswith("psycopg"):
+                raise HistoryError(f"cannot open the health database {shown}: its driver, psycopg 3, is not installed "
+                                   "(pip install 'dpro-profiler[postgres]')") from None
+            raise HistoryError(f"cannot open the health database {shown}: {e}") from None
         except (SQLAlchemyError, ImportError, OSError) as e:
             raise HistoryError(f"cannot open the health database {shown}: {str(e).splitlines()[0]}") from None
-        return cls(engine)
+        return cls(engine, cluster)
 
     def __enter__(self) -> History:
         return self
@@ -125,8 +138,12 @@ class History:
         self.engine.dispose()
 
     def add(self, report: HealthReport) -> int:
-        """Store a run; its id."""
-        run = RunRow(started=_time(report.started), finished=_time(report.finished), verdict=report.verdict,
+        """Store a run in one transaction (a writer that dies midway leaves nothing); its id. A run
+        its cluster stored already (same start) is not stored again: its id is returned."""
+        cluster = self.cluster or ""
+        started = _time(report.started)
+        stored = sa.select(RunRow.id).where(RunRow.cluster == cluster, RunRow.started == started)
+        run = RunRow(cluster=cluster, started=started, finished=_time(report.finished), verdict=report.verdict,
                      facts=json.dumps(report.facts), suspects=json.dumps(report.to_json()["suspects"]))
         for node in report.nodes:
             row = NodeRow(host=node.host, verdict=node.verdict)
@@ -138,8 +155,15 @@ class History:
                                                               baseline=m.baseline) for m in c.metrics]))
             run.nodes.append(row)
         with self._session() as session:
+            found = session.scalar(stored)
+            if found is not None:
+                return found
             session.add(run)
-            session.commit()
+            try:
+                session.commit()
+            except sa.exc.IntegrityError:  # the same run, stored meanwhile by another writer
+                session.rollback()
+                return session.scalar(stored)
             return run.id
 
     def values(self, host: str, key: str, before: int | None = None) -> list[float]:
@@ -152,7 +176,7 @@ class History:
         if before is not None:
             query = query.where(RunRow.id < before)
         with self._session() as session:
-            return [float(v) for v in session.scalars(query)]
+            return [float(v) for v in session.scalars(self._mine(query))]
 
     def runs(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The runs, newest first: id, started, verdict, facts, suspects, and per node its verdict,
@@ -161,13 +185,14 @@ class History:
         query = sa.select(RunRow).order_by(RunRow.started.desc(), RunRow.id.desc()).limit(limit)
         out = []
         with self._session() as session:
-            for run in session.scalars(query):
+            for run in session.scalars(self._mine(query)):
                 nodes = {n.host: {"verdict": n.verdict,
                                   "metrics": {f"{c.name}/{m.name}": m.value for c in n.checks for m in c.metrics},
                                   "comparable": {f"{c.name}/{m.name}": m.higher_is_better for c in n.checks
                                                  for m in c.metrics if comparable(m.higher_is_better, m.unit)}}
                          for n in run.nodes}
-                out.append({"id": run.id, "started": run.started.isoformat(timespec="seconds"), "verdict": run.verdict,
+                out.append({"id": run.id, "cluster": run.cluster,
+                            "started": run.started.isoformat(timespec="seconds"), "verdict": run.verdict,
                             "facts": json.loads(run.facts), "suspects": json.loads(run.suspects), "nodes": nodes})
         return out
 
@@ -176,31 +201,48 @@ class History:
         query = (sa.select(NodeRow.verdict, RunRow.started).join(RunRow).where(NodeRow.host == host)
                  .order_by(RunRow.started.desc(), RunRow.id.desc()).limit(1))
         with self._session() as session:
-            row = session.execute(query).first()
+            row = session.execute(self._mine(query)).first()
         return None if row is None else (row[0], row[1].isoformat(timespec="seconds"))
 
     def _session(self) -> Session:
         return Session(self.engine)
 
+    def _mine(self, query: Any) -> Any:
+        """``query`` kept to this history's cluster (every cluster's when it has none)."""
+        return query if self.cluster is None else query.where(RunRow.cluster == self.cluster)
 
-def _upgrade(engine: sa.Engine) -> None:
-    """``alembic upgrade head`` on this engine."""
+
+def _upgrade(engine: sa.Engine, shown: str) -> None:
+    """``alembic upgrade head`` on this engine (a database a newer dpro made is refused)."""
     from alembic import command
 
     config = _alembic_config()
     with engine.begin() as connection:
+        _known_revision(connection, shown)
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
 
 
+def _known_revision(connection: sa.Connection, shown: str) -> str | None:
+    """The database's schema revision; a :class:`HistoryError` when this dpro does not know it."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_alembic_config())
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current is not None and current not in {s.revision for s in script.walk_revisions()}:
+        raise HistoryError(f"the health database {shown} is at schema revision {current}, newer than this dpro "
+                           f"knows (up to {script.get_current_head()}): upgrade dpro to read or write it")
+    return current
+
+
 def _check_schema(engine: sa.Engine, shown: str) -> None:
     """A :class:`HistoryError` unless the database is at the newest migration."""
-    from alembic.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     with engine.connect() as connection:
-        current = MigrationContext.configure(connection).get_current_revision()
+        current = _known_revision(connection, shown)
     if current is None:
         raise HistoryError(f"{shown} is not a health history (no schema revision)")
     if current != head:

@@ -51,13 +51,20 @@ class HealthGroup(click.Group):
             raise CouldNotRun(e.format_message()) from None
 
 
-DB_HELP = "History database: any SQLAlchemy URL (default $DPRO_HEALTH_DB, else sqlite:///~/.local/share/dpro/health.db)."
+DB_HELP = ("History database: any SQLAlchemy URL (default $DPRO_HEALTH_DB, else sqlite:///~/.local/share/dpro/health.db); "
+           "postgresql://USER@HOST/DB for one several clusters share (pip install 'dpro-profiler[postgres]').")
+
+
+def cluster_option(text: str) -> Any:
+    return click.option("--cluster", envvar="DPRO_CLUSTER", metavar="NAME", help=text)
 
 
 @click.group("health", cls=HealthGroup, invoke_without_command=True, context_settings=CONTEXT)
 @click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for health.json, health.md and health.html (default: dpro-health-<time>).")
 @click.option("--db", help=DB_HELP)
+@cluster_option("This cluster's name in a history several clusters share (also $DPRO_CLUSTER): its runs are "
+                "stored under it and judged against its own earlier nights.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="health.yaml: sizes, thresholds, a baseline file, a topology.")
 @click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), metavar="S",
@@ -68,7 +75,7 @@ DB_HELP = "History database: any SQLAlchemy URL (default $DPRO_HEALTH_DB, else s
 @click.option("--npd", is_flag=True, help="node-problem-detector mode: this node's GPU and NIC checks and its verdict "
               "in the newest run in the history, as one line; exit 0 OK, 1 problem, 2 unknown.")
 @click.pass_context
-def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Path | None,
+def health(ctx: click.Context, out: Path | None, db: str | None, cluster: str | None, config_path: Path | None,
            time_budget: float | None, nproc: int, npd: bool) -> None:
     """Check this cluster's GPUs, NICs, collectives and host-to-host bandwidth, judge them
     against baselines, keep the run in the history and write the reports.
@@ -99,7 +106,7 @@ def health(ctx: click.Context, out: Path | None, db: str | None, config_path: Pa
         _preflight(out, db)  # the children would each fail alike, and later
         codes = run_locally(nproc, sys.argv[2:])
         ctx.exit(codes[0] if all(c in (0, 1, 2) for c in codes) else COULD_NOT_RUN)
-    ctx.exit(_run_as_rank(config, out, db))
+    ctx.exit(_run_as_rank(config, out, db, cluster))
 
 
 def _preflight(out: Path | None, db: str | None) -> None:
@@ -112,7 +119,7 @@ def _preflight(out: Path | None, db: str | None) -> None:
     History.open(db).engine.dispose()
 
 
-def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
+def _run_as_rank(config: Any, out: Path | None, db: str | None, cluster: str | None) -> int:
     from dpro.anomaly.health.history import History
     from dpro.anomaly.health.job import launcher_env, run_rank
     from dpro.anomaly.health.report import check_free, summary, write_reports
@@ -122,7 +129,7 @@ def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
     if rank == 0:  # fail before the job starts, not after it ran (the others then fail to join)
         out = out or Path(f"dpro-health-{time.strftime('%Y%m%d-%H%M%S')}")
         check_free(out)
-        history = History.open(db)
+        history = History.open(db, cluster=cluster)
     try:
         report, code = run_rank(config, history.values if history else None)
         if report is None:
@@ -139,6 +146,7 @@ def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
 
 @health.command("history")
 @click.option("--db", help=DB_HELP)
+@cluster_option("Only this cluster's runs (also $DPRO_CLUSTER; default: every cluster's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--nights", default=15, show_default=True, type=click.IntRange(2, 1000),
               help="How many runs to show at least (the newest and the ones before it); the baseline always "
@@ -146,7 +154,8 @@ def _run_as_rank(config: Any, out: Path | None, db: str | None) -> int:
 @click.option("--host", help="Only this host.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="health.yaml whose rules flag regressions (default: the rules the newest run was judged by).")
-def history_command(db: str | None, as_json: bool, nights: int, host: str | None, config_path: Path | None) -> None:
+def history_command(db: str | None, cluster: str | None, as_json: bool, nights: int, host: str | None,
+                    config_path: Path | None) -> None:
     """Trends per node over the last nights, regressions against earlier nights flagged.
     Exit code 1 when the newest run regressed, 0 when not."""
     from dpro.anomaly.health.config import load_config
@@ -154,7 +163,7 @@ def history_command(db: str | None, as_json: bool, nights: int, host: str | None
     from dpro.anomaly.health.trends import newest_trends
 
     rules = load_config(config_path).rules if config_path is not None else None
-    with History.open(db) as history:
+    with History.open(db, cluster=cluster) as history:
         _, found = newest_trends(history, rules, nights, host)
     if as_json:
         click.echo(json.dumps(found, indent=1))
