@@ -42,7 +42,7 @@ ENV_WARMUP = "DPRO_WARMUP"
 ENV_STEPS = "DPRO_STEPS"
 ENV_CALIBRATE = "DPRO_CALIBRATE"  # "0": no calibration (dpro record --no-calibrate)
 GZ_BYTES_PER_EVENT = 64  # a trace event gzipped, at most (16-18 bytes on CPU, longer names of GPU kernels)
-JSON_BYTES_PER_EVENT = 400  # as torch writes it first, uncompressed, in the temporary folder (about 250)
+JSON_BYTES_PER_EVENT = 800  # as torch writes it first, uncompressed, in the temporary folder (250 on CPU)
 
 
 class _Window:
@@ -108,7 +108,7 @@ class _Recorder:
         that lost a file (``file``, else the error's) is told to the node's recorder too
         (:mod:`dpro.collectors.losses`: a full disk may keep errors.log from being written)."""
         if isinstance(exc, OSError):
-            self.lost(file or self.relative(exc.filename) or where, exc)
+            self.lost(file or self.relative(exc.filename) or self.own_files(), exc, stopped=disable)
         try:
             path = self.rank_dir / ERRORS_FILE if self.rank_dir else early_errors_file(self.run_dir, os.getpid())
             detail = "".join(traceback.format_exception(exc)) if exc else ""
@@ -121,9 +121,14 @@ class _Recorder:
             self.enabled = False
             self.close_profiler(save=False)
 
-    def lost(self, file: str, error: BaseException | str) -> None:
-        """Tell the recorder that ``file`` (relative to the run) was not saved, and why."""
-        report_loss(loss(file, error, self.rank, self.step))
+    def lost(self, file: str, error: BaseException | str, stopped: bool = False) -> None:
+        """Tell the recorder that ``file`` (relative to the run) was not saved, and why
+        (``stopped``: dpro stopped recording in this process)."""
+        report_loss(loss(file, error, self.rank, self.step, stopped))
+
+    def own_files(self) -> str:
+        """What a failed write of unknown file lost: the rank's folder (the run's, before a rank)."""
+        return f"ranks/{self.rank}/" if self.rank is not None else "ranks/"
 
     def relative(self, path: Any) -> str | None:
         """``path`` relative to the run directory (None when it is not a path in it)."""
@@ -139,8 +144,9 @@ class _Recorder:
 
         rank, world_size = metadata.rank_and_world_size()
         own = rank_dir(self.run_dir, rank)
-        try:
-            own.mkdir(parents=True)
+        try:  # never parents=True: a run folder removed while recording stays removed
+            own.parent.mkdir(exist_ok=True)
+            own.mkdir()
         except FileExistsError:
             self.log_error(f"rank {rank}: {own} exists already (another process of this job "
                            f"took rank {rank}, or the run was not empty)", disable=True)
@@ -242,12 +248,18 @@ class _Recorder:
             self.calibration[part] = {"error": f"{type(e).__name__}: {e}"}
             self.log_error(f"calibrating {part}", e)
         assert self.rank_dir is not None
-        write_json_atomic(self.rank_dir / CALIBRATION_FILE, self.calibration, parents=False)
+        try:
+            write_json_atomic(self.rank_dir / CALIBRATION_FILE, self.calibration, parents=False)
+        except OSError as e:
+            self.log_error(f"writing {CALIBRATION_FILE}", e, file=f"ranks/{self.rank}/{CALIBRATION_FILE}")
 
     # -- profiler -------------------------------------------------------------------------------
     def start_profiler(self) -> None:
         """Start torch.profiler so that its ``ProfilerStep#n`` is this process's step ``n``."""
-        self.write_metadata()  # DDP has built its final buckets by now
+        try:
+            self.write_metadata()  # DDP has built its final buckets by now
+        except OSError as e:  # the metadata of the job's start stays; the window goes on
+            self.log_error(f"rewriting {META_FILE}", e, file=f"ranks/{self.rank}/{META_FILE}")
         self.window_start_ns = time.time_ns()
         profiler = self.new_profiler(schedule=self.window.schedule, on_trace_ready=self.save_trace)
         profiler.start()
@@ -287,8 +299,9 @@ class _Recorder:
         import tempfile
 
         assert self.rank_dir is not None
-        for folder, need in ((self.rank_dir, events * GZ_BYTES_PER_EVENT),
-                             (Path(tempfile.gettempdir()), events * JSON_BYTES_PER_EVENT)):
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))  # the node's ranks write theirs at once
+        for folder, need in ((self.rank_dir, ranks * events * GZ_BYTES_PER_EVENT),
+                             (Path(tempfile.gettempdir()), ranks * events * JSON_BYTES_PER_EVENT)):
             free = shutil.disk_usage(folder).free
             if free < need:
                 return f"about {need / 1e6:.1f} MB needed in {folder}, {free / 1e6:.1f} MB free"
@@ -310,6 +323,11 @@ class _Recorder:
         tmp = self.rank_dir / f".{os.getpid()}.{name}"
         try:
             profiler.export_chrome_trace(str(tmp))
+            empty = _empty_trace(tmp, events)
+            if empty:  # torch says "Failed to write to log file!" and compresses what it has: nothing
+                tmp.unlink(missing_ok=True)
+                self.lost(file, empty)
+                return
             os.replace(tmp, self.rank_dir / name)
         except OSError as e:
             tmp.unlink(missing_ok=True)  # a half-written trace holds the space others need
@@ -350,6 +368,25 @@ class _Recorder:
             self.close_profiler(save=True)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _empty_trace(path: Path, events: int) -> str | None:
+    """Why the trace torch wrote at ``path`` is not the ``events`` it held (None when it is):
+    torch writes the JSON to the temporary folder first, and where that fails it compresses an
+    empty file."""
+    import gzip
+    import tempfile
+
+    try:
+        with gzip.open(path, "rb") as f:
+            head = f.read(64).lstrip()
+    except (OSError, EOFError):
+        head = b""
+    if head.startswith(b"{") or not events:
+        return None
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    return (f"disk full (torch could not write the trace's JSON in {tempfile.gettempdir()}, "
+            f"{free / 1e6:.1f} MB free; not kept)")
 
 
 _recorder: _Recorder | None = None

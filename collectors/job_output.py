@@ -54,7 +54,8 @@ class StderrFilter:
         self.log_path = log
         self.out = out if out is not None else sys.stderr.buffer
         self.kept = 0  # lines sent to the log
-        self.error: OSError | None = None  # why the log could not be written (its lines then reach the terminal)
+        self.error: OSError | None = None  # why the log could not be written (its lines are then dropped)
+        self.dropped = 0  # lines of torch's messages neither logged nor shown (the log could not be written)
         self._owed = 0  # line ends still to come of messages that ranks wrote onto one line
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,8 +110,11 @@ class StderrFilter:
         *lines, rest = data.split(b"\n")
         passed = []
         for line in lines:
-            if CHATTER.fullmatch(line) and self._logged(log, line + b"\n"):
-                self.kept += 1
+            if CHATTER.fullmatch(line):  # logged, or dropped where the log cannot be written (a full disk)
+                if self._logged(log, line + b"\n"):
+                    self.kept += 1
+                else:
+                    self.dropped += 1
                 self._owed += sum(1 for _ in _ONE.finditer(line)) - 1
             elif not line and self._owed:  # the line end of a message that shared a line with another's
                 self._owed -= 1

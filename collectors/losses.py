@@ -21,14 +21,18 @@ __all__ = ["ENV_REPORT_SOCKET", "LossListener", "loss", "report_loss"]
 
 ENV_REPORT_SOCKET = "DPRO_REPORT_SOCKET"
 _MAX_DATAGRAM = 4096
+_MAX_TEXT = 1000  # of a loss's why and detail: a datagram holds the whole entry
 
 
-def loss(file: str, error: BaseException | str, rank: int | None = None, step: int | None = None) -> dict[str, Any]:
+def loss(file: str, error: BaseException | str, rank: int | None = None, step: int | None = None,
+         stopped: bool = False) -> dict[str, Any]:
     """One loss: ``file`` (relative to the run) not saved, ``why`` in words (``disk full``...),
-    ``detail`` (the error), the ``rank`` and the ``step`` it happened at where known."""
+    ``detail`` (the error), the ``rank`` and the ``step`` it happened at where known, and whether
+    dpro ``stopped`` recording in that rank for it."""
     why = not_saved_reason(error) if isinstance(error, OSError) else str(error)
     detail = str(error) if isinstance(error, BaseException) else why
-    return {"file": file, "why": why, "detail": detail, "rank": rank, "step": step}
+    return {"file": file, "why": why[:_MAX_TEXT], "detail": detail[:_MAX_TEXT], "rank": rank, "step": step,
+            "stopped": stopped}
 
 
 def report_loss(entry: dict[str, Any]) -> None:
@@ -38,7 +42,8 @@ def report_loss(entry: dict[str, Any]) -> None:
         return
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(json.dumps(entry).encode()[:_MAX_DATAGRAM], "\0" + name)
+            s.setblocking(False)  # a recorder that stopped reading never holds the job up: the report is dropped
+            s.sendto(json.dumps(entry).encode(), "\0" + name)
     except OSError:
         pass
 
@@ -70,8 +75,8 @@ class LossListener:
                 entry = json.loads(data)
             except ValueError:
                 continue
-            if isinstance(entry, dict) and "file" in entry:
-                self.received.append(entry)
+            if isinstance(entry, dict) and isinstance(entry.get("file"), str) and isinstance(entry.get("why"), str):
+                self.received.append(entry)  # a datagram of another process of the host, malformed: dropped
 
     def close(self) -> list[dict[str, Any]]:
         """Stop listening (after the job ended); every loss received."""

@@ -32,9 +32,10 @@ from dpro.collectors.losses import ENV_REPORT_SOCKET, LossListener, loss
 from dpro.errors import DproError
 from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, JOB_STDERR_FILE,
                              NCCL_LOG_PATTERN, NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
-                             not_saved_reason, open_run, write_json_atomic)
+                             not_saved_reason, open_run, write_atomically, write_json_atomic)
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+NODE_FILE_ROOM = 16384  # bytes node.json keeps free for its end (see _reserved)
 ENV_NODE = "DPRO_NODE"  # the node's folder name (nodes/<host>-<pid>): each rank's metadata names its node
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -197,7 +198,7 @@ def record(command: list[str], opts: RecordOptions, say: Callable[[str], None] =
     env[ENV_REPORT_SOCKET] = listener.name
     facts: dict[str, Any] = {"host": host, "pid": os.getpid(), "command": command,
                              "started_ns": time.time_ns(), "collectors": {"nccl": nccl_note}}
-    saved(node / NODE_FILE, lambda path: write_json_atomic(path, facts, parents=False))
+    saved(node / NODE_FILE, lambda path: write_atomically(path, lambda tmp: tmp.write_text(_reserved(facts)), False))
     saved(node / COUNTERS_START_FILE, lambda path: write_json_atomic(path, take_snapshot(opts.sysfs_root).to_dict(), parents=False))
     tty = _foreground_tty()
     stderr = None if opts.verbose else StderrFilter(node / JOB_STDERR_FILE)
@@ -229,6 +230,9 @@ def record(command: list[str], opts: RecordOptions, say: Callable[[str], None] =
         facts["collectors"]["gpu"] += f"; stopped early: {sampler.error}"
     if connections.error:
         facts["collectors"]["connections"] += f"; stopped early: {connections.error}"
+    for path, sampled in ((node / GPU_SAMPLES_FILE, sampler), (node / CONNECTIONS_FILE, connections)):
+        if sampled.lost is not None:
+            lost.append(loss(_relative(path, opts.output), sampled.lost))
     if stderr and stderr.error:
         lost.append(loss(_relative(node / JOB_STDERR_FILE, opts.output), stderr.error))
     if stderr and stderr.kept:
@@ -251,15 +255,33 @@ def _saved(path: Path, write: Any, root: Path, lost: list[dict[str, Any]]) -> bo
         return False
 
 
+def _reserved(facts: dict[str, Any]) -> str:
+    """The node's facts as first written: JSON, then blanks (still JSON) that keep room on the disk
+    for the facts of its end, which a full disk may have none left for."""
+    return json.dumps(facts, indent=1, default=str) + "\n" + " " * NODE_FILE_ROOM + "\n"
+
+
 def _save_node_facts(path: Path, facts: dict[str, Any], root: Path, lost: list[dict[str, Any]]) -> None:
     """Write the node's facts (its losses among them): atomically, else over the file written at
-    the start (a full disk has room for what it held; a new file may find none)."""
+    the start, in the room it kept (never cut short: the losses are cut to fit first)."""
     if _saved(path, lambda p: write_json_atomic(p, facts, parents=False), root, []):
         return
     try:
-        with open(path, "r+") as f:  # never creates it: a removed run folder stays removed
-            f.truncate(0)
-            f.write(json.dumps(facts, indent=1, default=str) + "\n")
+        with open(path, "r+b") as f:  # never creates it: a removed run folder stays removed
+            room = os.fstat(f.fileno()).st_size
+            text = json.dumps(facts, default=str).encode()
+            kept = list(facts.get("lost") or [])
+            while len(text) > room and kept:
+                kept.pop()
+                text = json.dumps({**facts, "lost": kept, "lost_more": len(facts["lost"]) - len(kept)},
+                                  default=str).encode()
+            if len(text) <= room:
+                f.write(text.ljust(room))  # within the blocks it holds: nothing new to allocate
+                return
+        lost.append(loss(_relative(path, root), "disk full (the node's facts no longer fit its file)"))
+    except FileNotFoundError:  # never written (said when it was not), or its folder removed
+        if not any(x["file"] == _relative(path, root) for x in lost):
+            lost.append(loss(_relative(path, root), "its folder was removed"))
     except OSError as e:
         lost.append(loss(_relative(path, root), e))
 

@@ -24,6 +24,7 @@ class CsvSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
+        self.lost: OSError | None = None  # the file could not be written (a full disk, a removed run folder)
 
     def _launch(self, name: str) -> None:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -48,6 +49,6 @@ class CsvSampler:
                     f.flush()
                     self._stop.wait(self.interval_s)
         except OSError as e:  # the file (a full disk, a removed run folder): said as what was not saved
-            self.error = f"not saved: {not_saved_reason(e)}"
+            self.error, self.lost = f"not saved: {not_saved_reason(e)}", e
         except Exception as e:
             self.error = f"{type(e).__name__}: {e}"

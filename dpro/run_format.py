@@ -305,8 +305,13 @@ class Run:
         traced = self.traced_ranks
         if traced and len(traced) < len(ranks):
             gaps += [self.why_no_trace(r) for r in ranks if r not in traced]
-        gaps += [f"node {n.name} was lost{self.last_step_note(n)}" for n in self.node_records() if not n.ended]
+        gaps += [f"node {n.name} was lost{self.last_step_note(n)}" for n in self.nodes_read if not n.ended]
         return gaps
+
+    @cached_property
+    def nodes_read(self) -> list[NodeRecord]:
+        """:meth:`node_records`, read once per opened run."""
+        return self.node_records()
 
     def node_records(self) -> list[NodeRecord]:
         """Every node's ``node.json`` as a record (an unreadable one: a node lost early)."""
@@ -322,7 +327,7 @@ class Run:
         """Why ``rank`` has no trace, in one line: not saved (and why), its node lost, the rank
         stopped inside the profiling window, or the window not reached."""
         name = f"ranks/{rank}/{TRACE_FILE}"
-        losses = [x for n in self.node_records() for x in n.lost if x.file == name or x.rank == rank]
+        losses = [x for n in self.nodes_read for x in n.lost if x.file == name or (x.rank == rank and x.stopped)]
         for lost in sorted(losses, key=lambda x: x.file != name):
             if lost.file == name:
                 return f"rank {rank}'s trace was not saved: {lost.why}"
@@ -357,7 +362,7 @@ class Run:
         meta = self.metas.get(rank)
         if meta is None or not meta.present:
             return None
-        nodes = self.node_records()
+        nodes = self.nodes_read
         named = [n for n in nodes if meta.node and n.name == meta.node]
         on_host = [n for n in nodes if n.host == meta.host]
         return (named or (on_host if len(on_host) == 1 else [None]))[0]
@@ -377,7 +382,7 @@ class Run:
         """The job's command as every node ran it: the nodes' own commands where they agree, an
         argument that differs (``--node_rank=1``) shown as ``--node_rank=<per node>``; the
         manifest's where no node recorded one."""
-        commands = [list(n.command) for n in self.node_records() if n.command]
+        commands = [list(n.command) for n in self.nodes_read if n.command]
         if not commands:
             return list(self.manifest.get("command") or [])
         first = commands[0]

@@ -210,13 +210,14 @@ class RankMeta:
 class Loss:
     """Something ``dpro record`` could not save: ``file`` (relative to the run), ``why`` in words
     (``disk full``, ``read-only file system``, ``its folder was removed``...), the error, the rank
-    and the step where known."""
+    and the step where known, and whether dpro stopped recording in that rank for it."""
 
     file: str
     why: str
     detail: str = ""
     rank: int | None = None
     step: int | None = None
+    stopped: bool = False  # dpro stopped recording in that rank for it
 
     @classmethod
     def from_json(cls, entry: Any) -> Loss | None:
@@ -224,7 +225,7 @@ class Loss:
         if not entry.get("file") or not entry.get("why"):
             return None
         return cls(str(entry["file"]), str(entry["why"]), str(entry.get("detail") or ""), _int(entry.get("rank")),
-                   _int(entry.get("step")))
+                   _int(entry.get("step")), entry.get("stopped") is True)
 
 
 @dataclass(frozen=True)

@@ -85,12 +85,13 @@ def said(*args: object) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
-def test_a_disk_full_before_the_window_skips_the_window_and_keeps_the_jobs_exit_code(tmp_path: Path) -> None:
-    """The calibration counts a step's events: the window would not fit, so it is skipped."""
+def test_a_disk_full_before_the_window_skips_the_window_and_strict_record_fails(tmp_path: Path) -> None:
+    """The calibration counts a step's events: the window would not fit, so it is skipped; under
+    --strict-record that loss is exit code 1 (the job itself exited 0)."""
     with small_disk(tmp_path / "disk", "160k") as disk:
         run = disk / "run"
-        code, _, err = finished(record(run, "--steps", "14", "--step-s", "0.05", options=()))
-        assert code == 0, err
+        code, _, err = finished(record(run, "--steps", "14", "--step-s", "0.05", options=("--strict-record",)))
+        assert code == 1 and "Error: " in err and "--strict-record; the job's exit code was 0" in err, err
         assert "not saved: ranks/0/trace.json.gz" in err and "disk full" in err and "window was skipped" in err
         node, = open_run(run).node_records()
         assert node.exit_code == 0 and any(x.file == "ranks/0/trace.json.gz" for x in node.lost)
@@ -184,13 +185,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
 def test_a_node_killed_mid_run_is_lost_with_its_last_step(tmp_path: Path) -> None:
     """Two nodes of one job on this machine (two dpro record --join, two torchrun agents meeting
     at a c10d rendezvous); node 1, its recorder and its job, killed with SIGKILL."""
@@ -204,14 +198,14 @@ def test_a_node_killed_mid_run_is_lost_with_its_last_step(tmp_path: Path) -> Non
         nodes.append(subprocess.Popen(list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
         time.sleep(1)  # node 0's agent hosts the rendezvous: it outlives node 1
-    wait_for_step(run, 1, 3, nodes[1])
-    job = _children(nodes[1].pid)  # the job's process group: torchrun's
-    nodes[1].kill()
-    for pgid in job:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-    nodes[1].communicate(timeout=30)
-    code, _, err = finished(nodes[0])
+    try:
+        wait_for_step(run, 1, 3, nodes[1])
+        _kill_tree(nodes[1].pid)  # the node's recorder, its torchrun and its ranks (in sessions of their own)
+        nodes[1].communicate(timeout=30)
+        code, _, err = finished(nodes[0])
+    finally:
+        for node in nodes:
+            _kill_tree(node.pid)
     assert code != 0, err  # the job failed on node 0 too
     opened = open_run(run)
     lost = [n for n in opened.node_records() if not n.ended]
@@ -220,3 +214,33 @@ def test_a_node_killed_mid_run_is_lost_with_its_last_step(tmp_path: Path) -> Non
     code, text = said("info", run)
     assert code == 0 and "None" not in text, text
     assert f"node {lost[0].name}: lost (no end record) after step" in text, text
+
+
+def _kill_tree(root: int) -> None:
+    """SIGKILL ``root`` and every process under it (a node lost at once)."""
+    from dpro.collectors.connections import descendants
+
+    for pid in [root, *descendants(root)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_on_a_full_disk_the_nodes_end_fits_the_room_its_start_kept(tmp_path: Path) -> None:
+    """node.json is written at the start with room to spare; at the end, on a full disk, it is
+    rewritten within that room (its losses cut to fit and counted), never left torn."""
+    from dpro.collectors.record import _reserved, _save_node_facts
+
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        path = disk / "node.json"
+        facts = {"host": "h", "command": ["torchrun", "train.py"], "started_ns": 1}
+        path.write_text(_reserved(facts))
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+        lost = [{"file": f"ranks/{i}/trace.json.gz", "why": "disk full", "detail": "x" * 200, "rank": i, "step": 9}
+                for i in range(200)]
+        more: list = []
+        _save_node_facts(path, {**facts, "ended_ns": 2, "exit_code": 0, "lost": lost}, disk, more)
+        saved = json.loads(path.read_text())
+        assert saved["ended_ns"] == 2 and saved["lost_more"] > 0 and len(saved["lost"]) + saved["lost_more"] == 200
+        assert more == []

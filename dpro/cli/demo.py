@@ -53,7 +53,8 @@ def demo(output: Path | None, nproc: int, train_steps: int, skip: int, warmup: i
     started = time.monotonic()
     recorded = record_job(command, RecordOptions(output=run_dir, skip=skip, warmup=warmup, steps=steps,
                                                  verbose=verbose), say=lambda line: click.echo(f"dpro: {line}", err=True))
-    say_lost(recorded.lost)
+    if recorded.unrecorded is None:
+        say_lost(recorded.lost)
     if recorded.status != 0 or recorded.unrecorded:
         raise click.ClickException(f"the example job failed (status {recorded.status}); see the output above"
                                    if recorded.status else "nothing was recorded; see the output above")

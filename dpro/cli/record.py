@@ -82,9 +82,9 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
                          sysfs_root=sysfs_root, calibrate=not no_calibrate, apply=applied, verbose=verbose,
                          strict=strict_record)
     recorded = record_job(list(command), opts, say=lambda line: click.echo(f"dpro: {line}", err=True))
-    if recorded.unrecorded is None:
+    if recorded.unrecorded is None:  # else said before the job started
         _report_recording(opts.output)
-    say_lost(recorded.lost)
+        say_lost(recorded.lost)
     if strict_record and recorded.lost:
         raise click.ClickException(f"{len(recorded.lost)} part(s) of the recording not saved (--strict-record; "
                                    f"the job's exit code was {recorded.status})")
