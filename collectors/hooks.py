@@ -213,12 +213,13 @@ class _Recorder:
                 self.shapes_profiler.start()
             elif self.shapes_profiler is not None:
                 shapes, self.shapes_profiler = self.shapes_profiler, None
-                shapes.stop()
-                self.export(shapes, SHAPES_TRACE_FILE)
-                calibration.release(shapes)
+                try:
+                    shapes.stop()
+                    self.export(shapes, SHAPES_TRACE_FILE)
+                finally:
+                    calibration.release(shapes)
         except Exception as e:  # the profiler failed: keep timing steps without it
-            self.profiler = self.shapes_profiler = None
-            self.restore_sigterm()
+            self.drop_profilers()
             self.log_error(f"torch.profiler at step {self.step}", e)
         finally:
             self.step_start_ns = time.time_ns()  # what dpro did here belongs to no step
@@ -288,9 +289,14 @@ class _Recorder:
         counts = (self.calibration.get("profiler") or {})
         per_step = sum(int((counts.get(k) or {}).get("events") or 0) for k in ("forward", "backward"))
         steps = self.window.end - self.window.recorded + 2  # the shapes step records about twice a step's events
-        short = self.short_of_room(2 * per_step * steps)  # the optimizer's and the step's own events besides
+        file = str(Path("ranks") / str(self.rank) / TRACE_FILE)
+        try:
+            short = self.short_of_room(2 * per_step * steps)  # the optimizer's and the step's own events besides
+        except OSError as e:  # the rank's folder removed
+            self.lost(file, e)
+            return False
         if short:
-            self.lost(str(Path("ranks") / str(self.rank) / TRACE_FILE), f"disk full ({short}; the window was skipped)")
+            self.lost(file, f"disk full ({short}; the window was skipped)")
         return not short
 
     def short_of_room(self, events: int) -> str | None:
@@ -316,7 +322,11 @@ class _Recorder:
             events = len(profiler.profiler.kineto_results.events())
         except Exception:  # another torch: no estimate, the write says
             events = 0
-        short = self.short_of_room(events)
+        try:
+            short = self.short_of_room(events)
+        except OSError as e:  # the rank's folder removed
+            self.lost(file, e)
+            return
         if short:
             self.lost(file, f"disk full ({short}; not written)")
             return
@@ -332,6 +342,24 @@ class _Recorder:
         except OSError as e:
             tmp.unlink(missing_ok=True)  # a half-written trace holds the space others need
             self.lost(file, e)
+
+    def drop_profilers(self) -> None:
+        """Stop and free whatever profiler runs, after a failure (a profiler's results left to the
+        garbage collector can crash the process: :func:`dpro.collectors.calibration.release`)."""
+        from dpro.collectors import calibration
+
+        profilers = [p for p in (self.profiler, self.shapes_profiler) if p is not None]
+        self.profiler = self.shapes_profiler = None
+        self.restore_sigterm()
+        for profiler in profilers:
+            try:
+                profiler.stop()
+            except Exception:
+                pass  # stopped already, or never started
+            try:
+                calibration.release(profiler)
+            except Exception as e:
+                self.log_error("freeing a profiler", e)
 
     def close_profiler(self, save: bool) -> None:
         """Stop a profiler still running (job ending inside the window), saving what it has; the

@@ -186,7 +186,7 @@ def test_replay_command(recorded_run: Path, tmp_path: Path) -> None:
 def test_replay_of_a_run_without_traces(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run.json").write_text(json.dumps({"format": "dpro-run", "format_version": "1.0"}))
-    assert_one_line_error(dpro("replay", tmp_path / "run"), "no rank wrote a trace")
+    assert_one_line_error(dpro("replay", tmp_path / "run"), "no trace to analyse")
 
 
 GPU_TRACES = ["a100-2rank-ddp-rank0", "v100-resnet50-worker0", "v100-1rank-ns-timestamps",

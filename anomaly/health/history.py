@@ -27,6 +27,7 @@ __all__ = ["DEFAULT_DB", "History", "HistoryError", "default_url"]
 
 DEFAULT_DB = Path("~/.local/share/dpro/health.db")
 MIGRATIONS = Path(__file__).with_name("migrations")
+MIGRATION_LOCK = 0x6470726F  # PostgreSQL advisory lock held while a history is migrated ("dpro")
 
 
 class HistoryError(DproError):
@@ -218,6 +219,8 @@ def _upgrade(engine: sa.Engine, shown: str) -> None:
 
     config = _alembic_config()
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":  # writers of several clusters opening one new history at once
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         _known_revision(connection, shown)
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
