@@ -108,7 +108,7 @@ class _Recorder:
         that lost a file (``file``, else the error's) is told to the node's recorder too
         (:mod:`dpro.collectors.losses`: a full disk may keep errors.log from being written)."""
         if isinstance(exc, OSError):
-            self.lost(file or self.relative(exc.filename) or self.own_files(), exc, stopped=disable)
+            self.lost(file or self.relative(exc.filename) or self.own_file(), exc, stopped=disable)
         try:
             path = self.rank_dir / ERRORS_FILE if self.rank_dir else early_errors_file(self.run_dir, os.getpid())
             detail = "".join(traceback.format_exception(exc)) if exc else ""
@@ -126,9 +126,10 @@ class _Recorder:
         (``stopped``: dpro stopped recording in this process)."""
         report_loss(loss(file, error, self.rank, self.step, stopped))
 
-    def own_files(self) -> str:
-        """What a failed write of unknown file lost: the rank's folder (the run's, before a rank)."""
-        return f"ranks/{self.rank}/" if self.rank is not None else "ranks/"
+    def own_file(self, name: str = "") -> str:
+        """The rank's file ``name`` relative to the run (its folder without a name; the ranks'
+        folder before the rank is known): what a loss names."""
+        return f"ranks/{self.rank}/{name}" if self.rank is not None else "ranks/"
 
     def relative(self, path: Any) -> str | None:
         """``path`` relative to the run directory (None when it is not a path in it)."""
@@ -188,7 +189,7 @@ class _Recorder:
         try:
             os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())
         except OSError as e:  # a full disk: dpro stops in this process, the job goes on
-            self.log_error(f"writing {STEPS_FILE}", e, disable=True, file=str(Path("ranks") / str(self.rank) / STEPS_FILE))
+            self.log_error(f"writing {STEPS_FILE}", e, disable=True, file=self.own_file(STEPS_FILE))
             return
         self.step += 1
         self.step_start_ns = now
@@ -252,7 +253,7 @@ class _Recorder:
         try:
             write_json_atomic(self.rank_dir / CALIBRATION_FILE, self.calibration, parents=False)
         except OSError as e:
-            self.log_error(f"writing {CALIBRATION_FILE}", e, file=f"ranks/{self.rank}/{CALIBRATION_FILE}")
+            self.log_error(f"writing {CALIBRATION_FILE}", e, file=self.own_file(CALIBRATION_FILE))
 
     # -- profiler -------------------------------------------------------------------------------
     def start_profiler(self) -> None:
@@ -260,7 +261,7 @@ class _Recorder:
         try:
             self.write_metadata()  # DDP has built its final buckets by now
         except OSError as e:  # the metadata of the job's start stays; the window goes on
-            self.log_error(f"rewriting {META_FILE}", e, file=f"ranks/{self.rank}/{META_FILE}")
+            self.log_error(f"rewriting {META_FILE}", e, file=self.own_file(META_FILE))
         self.window_start_ns = time.time_ns()
         profiler = self.new_profiler(schedule=self.window.schedule, on_trace_ready=self.save_trace)
         profiler.start()
@@ -289,7 +290,7 @@ class _Recorder:
         counts = (self.calibration.get("profiler") or {})
         per_step = sum(int((counts.get(k) or {}).get("events") or 0) for k in ("forward", "backward"))
         steps = self.window.end - self.window.recorded + 2  # the shapes step records about twice a step's events
-        file = str(Path("ranks") / str(self.rank) / TRACE_FILE)
+        file = self.own_file(TRACE_FILE)
         try:
             short = self.short_of_room(2 * per_step * steps)  # the optimizer's and the step's own events besides
         except OSError as e:  # the rank's folder removed
@@ -317,7 +318,7 @@ class _Recorder:
         """Write the profiler's trace as ``name`` in the rank's directory, atomically, where its
         estimated size fits; what is not saved is told to the recorder, never half-written."""
         assert self.rank_dir is not None
-        file = str(Path("ranks") / str(self.rank) / name)
+        file = self.own_file(name)
         try:
             events = len(profiler.profiler.kineto_results.events())
         except Exception:  # another torch: no estimate, the write says

@@ -15,6 +15,8 @@ from dpro.run_format import write_json_atomic
 from dpro.collectors.environment import redact_environment
 from dpro.collectors import parallel
 
+ENV_NODE = "DPRO_NODE"  # the node's folder name (nodes/<host>-<pid>), set by dpro record: each rank names its node
+
 
 def rank_and_world_size() -> tuple[int, int]:
     """This process's rank and the world size: from torch.distributed when initialised, else
@@ -163,7 +165,7 @@ def write_rank_metadata(path: Path, profiler_window: dict[str, int], ddp_modules
         "rank": rank, "world_size": world_size,
         "local_rank": _env_int("LOCAL_RANK"), "local_world_size": _env_int("LOCAL_WORLD_SIZE"),
         "node_rank": _env_int("GROUP_RANK"),
-        "host": socket.gethostname(), "node": os.environ.get("DPRO_NODE"), "pid": os.getpid(),
+        "host": socket.gethostname(), "node": os.environ.get(ENV_NODE), "pid": os.getpid(),
         "written_ns": time.time_ns(),
         "argv": sys.argv, "backend": dist.get_backend() if initialised else None,
         "process_groups": _section(process_groups), "versions": _section(versions),

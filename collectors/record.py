@@ -29,6 +29,7 @@ from dpro.collectors.counters.sysfs import SYSFS_ROOT_ENV
 from dpro.collectors.gpu import GpuSampler
 from dpro.collectors.job_output import StderrFilter
 from dpro.collectors.losses import ENV_REPORT_SOCKET, LossListener, loss
+from dpro.collectors.metadata import ENV_NODE
 from dpro.errors import DproError
 from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, JOB_STDERR_FILE,
                              NCCL_LOG_PATTERN, NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
@@ -36,7 +37,6 @@ from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 NODE_FILE_ROOM = 16384  # bytes node.json keeps free for its end (see _reserved)
-ENV_NODE = "DPRO_NODE"  # the node's folder name (nodes/<host>-<pid>): each rank's metadata names its node
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 

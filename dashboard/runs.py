@@ -20,7 +20,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from dpro.analysis.run import RunAnalysis
+from dpro.analysis.run import RunAnalysis, undecodable_trace
 from dpro.analysis.whatif import Change, CostModel, Prediction
 from dpro.analysis.window import window_check
 from dpro.anomaly.diagnose import diagnose
@@ -71,16 +71,15 @@ class RunView:
         """Compute what the pages show (a part that cannot be had is noted in :attr:`missing`)."""
         self.gaps = self.analysis.run.gaps
         if not self.analysis.has_traces:
-            why = "; ".join(self.analysis.run.why_no_trace(r) for r in self.analysis.ranks) or "no rank recorded"
-            self.no_replay = f"traces: none ({why}), so there is no timeline, replay, breakdown or what-if"
+            self.no_replay = (f"traces: none ({self.analysis.run.why_no_traces()}), so there is no timeline, replay, "
+                              "breakdown or what-if")
         else:
             try:
                 _ = self.lanes, self.critical, self.occurrence, self.breakdowns
             except DproError as e:
                 self.no_replay = f"replay: {e}"
             else:
-                self.gaps = self.gaps + [f"rank {r}'s trace cannot be decoded ({why})"
-                                         for r, why in self.analysis.undecodable.items()]
+                self.gaps = self.gaps + [undecodable_trace(r, why) for r, why in self.analysis.undecodable.items()]
         if self.no_replay is not None:
             self.missing.append(self.no_replay)
         if self.analysis.step_times.empty:

@@ -305,16 +305,13 @@ class Run:
         traced = self.traced_ranks
         if traced and len(traced) < len(ranks):
             gaps += [self.why_no_trace(r) for r in ranks if r not in traced]
-        gaps += [f"node {n.name} was lost{self.last_step_note(n)}" for n in self.nodes_read if not n.ended]
+        gaps += [f"node {n.name} was lost{self.last_step_note(n)}" for n in self.node_records if not n.ended]
         return gaps
 
     @cached_property
-    def nodes_read(self) -> list[NodeRecord]:
-        """:meth:`node_records`, read once per opened run."""
-        return self.node_records()
-
     def node_records(self) -> list[NodeRecord]:
-        """Every node's ``node.json`` as a record (an unreadable one: a node lost early)."""
+        """Every node's ``node.json`` as a record (an unreadable one: a node lost early), read once
+        per opened run."""
         out = []
         for d in self.node_dirs():
             try:
@@ -327,11 +324,11 @@ class Run:
         """Why ``rank`` has no trace, in one line: not saved (and why), its node lost, the rank
         stopped inside the profiling window, or the window not reached."""
         name = f"ranks/{rank}/{TRACE_FILE}"
-        losses = [x for n in self.nodes_read for x in n.lost if x.file == name or (x.rank == rank and x.stopped)]
-        for lost in sorted(losses, key=lambda x: x.file != name):
-            if lost.file == name:
-                return f"rank {rank}'s trace was not saved: {lost.why}"
-            return f"rank {rank}'s trace was not saved: {lost.why} (writing {lost.file} at step {lost.step} failed)"
+        losses = [x for n in self.node_records for x in n.lost if x.file == name or (x.rank == rank and x.stopped)]
+        if losses:
+            lost = min(losses, key=lambda x: x.file != name)  # the trace's own loss first
+            how = "" if lost.file == name else f" (writing {lost.file} at step {lost.step} failed)"
+            return f"rank {rank}'s trace was not saved: {lost.why}{how}"
         node = self._node_of(rank)
         if node is not None and not node.ended:
             return f"rank {rank}'s node {node.name} was lost{self.last_step_note(node)}"
@@ -345,6 +342,10 @@ class Run:
         if window is not None and last < window[0]:
             return f"rank {rank} ran {last + 1} steps: the profiling window (from step {window[0]}) was not reached"
         return f"rank {rank} wrote no trace"
+
+    def why_no_traces(self) -> str:
+        """:meth:`why_no_trace` of every rank, on one line (a run whose ranks wrote no trace)."""
+        return "; ".join(self.why_no_trace(r) for r in self.ranks) or "no rank recorded anything"
 
     def window(self) -> tuple[int, int] | None:
         """The steps the profiler ran, ``[first, end)`` (warm-up and recorded), from the run's
@@ -362,7 +363,7 @@ class Run:
         meta = self.metas.get(rank)
         if meta is None or not meta.present:
             return None
-        nodes = self.nodes_read
+        nodes = self.node_records
         named = [n for n in nodes if meta.node and n.name == meta.node]
         on_host = [n for n in nodes if n.host == meta.host]
         return (named or (on_host if len(on_host) == 1 else [None]))[0]
@@ -382,7 +383,7 @@ class Run:
         """The job's command as every node ran it: the nodes' own commands where they agree, an
         argument that differs (``--node_rank=1``) shown as ``--node_rank=<per node>``; the
         manifest's where no node recorded one."""
-        commands = [list(n.command) for n in self.nodes_read if n.command]
+        commands = [list(n.command) for n in self.node_records if n.command]
         if not commands:
             return list(self.manifest.get("command") or [])
         first = commands[0]

@@ -93,7 +93,7 @@ def test_a_disk_full_before_the_window_skips_the_window_and_strict_record_fails(
         code, _, err = finished(record(run, "--steps", "14", "--step-s", "0.05", options=("--strict-record",)))
         assert code == 1 and "Error: " in err and "--strict-record; the job's exit code was 0" in err, err
         assert "not saved: ranks/0/trace.json.gz" in err and "disk full" in err and "window was skipped" in err
-        node, = open_run(run).node_records()
+        node, = open_run(run).node_records
         assert node.exit_code == 0 and any(x.file == "ranks/0/trace.json.gz" for x in node.lost)
         code, text = said("info", run)
         assert code == 0 and "rank 0's trace was not saved: disk full" in text, text
@@ -171,7 +171,7 @@ def test_sigterm_in_the_shapes_step_keeps_the_trace(tmp_path: Path) -> None:
     job.send_signal(signal.SIGTERM)
     code, _, err = finished(job)
     opened = open_run(run)
-    node, = opened.node_records()  # dpro leaves as the job (torchrun) left: its exit code, or its signal
+    node, = opened.node_records  # dpro leaves as the job (torchrun) left: its exit code, or its signal
     assert code != 0 and (code == node.exit_code or (code == -signal.SIGTERM and node.signal == "SIGTERM")), err
     assert all(opened.trace_path(r) for r in opened.ranks)
     assert not any((opened.rank_dir(r) / "trace-shapes.json.gz").exists() for r in opened.ranks)
@@ -208,7 +208,7 @@ def test_a_node_killed_mid_run_is_lost_with_its_last_step(tmp_path: Path) -> Non
             _kill_tree(node.pid)
     assert code != 0, err  # the job failed on node 0 too
     opened = open_run(run)
-    lost = [n for n in opened.node_records() if not n.ended]
+    lost = [n for n in opened.node_records if not n.ended]
     assert len(lost) == 1 and "--node_rank=1" in lost[0].command
     assert "--node_rank=<per node>" in opened.job_command
     code, text = said("info", run)

@@ -55,7 +55,7 @@ from dpro.run_format import Run, open_run
 from dpro.run_records import Calibration, DdpLayout, RankMeta
 from dpro.stats import job_mean
 
-__all__ = ["RunAnalysis", "STALLED"]
+__all__ = ["RunAnalysis", "STALLED", "undecodable_trace"]
 
 T = TypeVar("T")
 STALLED = 1.5  # a profiled step this many times the window's median step is left out of the typical step
@@ -274,8 +274,7 @@ class RunAnalysis:
 
     def _per_rank_stage(self) -> tuple[dict[int, RankReduction], dict[int, str]]:
         if not self.traced_ranks:
-            why = "; ".join(self.run.why_no_trace(r) for r in self.ranks) or "no rank recorded anything"
-            raise GraphError(f"{self.root}: no trace to analyse: {why}")
+            raise GraphError(f"{self.root}: no trace to analyse: {self.run.why_no_traces()}")
         results = self._reduce(self.traced_ranks, None)
         undecodable = {r: why for r, why in results.items() if isinstance(why, str)}
         reductions = {r: rd for r, rd in results.items() if not isinstance(rd, str)}
@@ -336,7 +335,7 @@ class RunAnalysis:
     def _say_undecodable(self, table: pd.DataFrame) -> None:
         if table.empty:
             return
-        what = "; ".join(f"rank {r}'s trace cannot be decoded ({why})" for r, why in zip(table["rank"], table["why"]))
+        what = "; ".join(undecodable_trace(r, why) for r, why in zip(table["rank"], table["why"]))
         text = f"partial run {self.root}: {what}"
         if self.strict:
             raise DproError(f"{text} (--strict)")
@@ -423,6 +422,11 @@ class RunAnalysis:
                        {"step_ns": {str(r): v for r, v in result.step_ns.items()},
                         "critical_path": [int(v) for v in result.critical_path]})
         return result
+
+
+def undecodable_trace(rank: int, why: str) -> str:
+    """The gap a rank whose trace cannot be decoded leaves, in the words every command uses."""
+    return f"rank {rank}'s trace cannot be decoded ({why})"
 
 
 def _reduce_or_why(*task: Any) -> RankReduction | str:

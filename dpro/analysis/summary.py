@@ -76,7 +76,7 @@ def summarize_run(analysis: RunAnalysis, count_events: bool = True) -> dict[str,
         "command": run.job_command,
         "nodes": [{"name": n.name, "host": n.host, "exit_code": n.exit_code, "signal": n.signal, "ended": n.ended,
                    "lost_at": None if n.ended else run.last_step_note(n).strip(), "command": list(n.command),
-                   "collectors": n.collectors, "not_saved": [vars(x) for x in n.lost]} for n in run.node_records()],
+                   "collectors": n.collectors, "not_saved": [vars(x) for x in n.lost]} for n in run.node_records],
         "per_rank": per_rank,
         "window": window_check(analysis, events_per_step) if count_events else None,
     }

@@ -36,8 +36,8 @@ def diagnose(run: Any, probes: Path | None, topology: Path | None, as_json: bool
     analysis = open_analysis(run, scheduler, workers)
     suspects = diagnose_suspects(analysis, probes, topology)
     if run.ranks and not analysis.has_traces:
-        why = "; ".join(run.why_no_trace(r) for r in run.ranks)
-        click.echo(f"note: no trace, so no collective was analysed (stragglers, slow transfers): {why}", err=True)
+        click.echo("note: no trace, so no collective was analysed (stragglers, slow transfers): "
+                   f"{run.why_no_traces()}", err=True)
     if as_json:
         click.echo(json.dumps(to_json(suspects), indent=1))
     else:

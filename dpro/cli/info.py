@@ -23,14 +23,14 @@ def info(path: Path, rank: int | None, as_json: bool) -> None:
     event counts.
     """
     from dpro.analysis.summary import summarize
+    from dpro.analysis.run import undecodable_trace
     from dpro.run_format import is_run_dir, open_run
 
     if not path.exists():
         raise click.ClickException(f"no such file or directory: {path}")
     summary = summarize(path, rank=rank)
     if is_run_dir(path):
-        undecodable = [f"rank {r['rank']}'s trace cannot be decoded ({r['trace_error']})"
-                       for r in summary["per_rank"] if r.get("trace_error")]
+        undecodable = [undecodable_trace(r["rank"], r["trace_error"]) for r in summary["per_rank"] if r.get("trace_error")]
         say_gaps(open_run(path), strict=bool(click.get_current_context().meta.get(STRICT)), also=undecodable)
     if as_json:
         click.echo(json.dumps(summary, indent=1))

@@ -11,16 +11,13 @@ wrote the total (2021) have only ``Bytes``: the total is then their running sum.
 from __future__ import annotations
 
 import bisect
-import gzip
 import itertools
 import os
 import re
-import zlib
-from pathlib import Path
 
 import msgspec
 
-from dpro.graph.kineto.schema import TraceFormatError
+from dpro.graph.kineto.schema import TraceFormatError, whole_text
 
 __all__ = ["DeviceMemory", "MemoryPeak", "MemoryTrace", "memory_peaks"]
 
@@ -86,7 +83,7 @@ class MemoryTrace(msgspec.Struct, frozen=True):
     @classmethod
     def read(cls, path: str | os.PathLike) -> MemoryTrace:
         """The memory events of the trace at ``path`` (.json or .json.gz)."""
-        return cls.decode(_read(path), path)
+        return cls.decode(whole_text(path, "the memory events of "), path)
 
     @classmethod
     def decode(cls, raw: bytes, path: str | os.PathLike) -> MemoryTrace:
@@ -129,14 +126,6 @@ def _device_name(kind: int, index: int) -> str:
     """``cpu``, ``cuda:0``...: a device of the allocator's events as :class:`MemoryPeak` names it."""
     name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
     return name if index < 0 else f"{name}:{index}"
-
-
-def _read(path: str | os.PathLike) -> bytes:
-    path = Path(path)
-    try:
-        return gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:
-        raise TraceFormatError(f"cannot read the memory events of {path}: {str(e).splitlines()[0]}") from None
 
 
 def _per_device(trace: _File) -> dict[tuple[int, int], DeviceMemory]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import os
+import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -14,6 +18,16 @@ from dpro.errors import DproError
 
 class TraceFormatError(DproError, ValueError):
     """The file cannot be read as a Kineto trace; the message is one line naming the file."""
+
+
+def whole_text(path: str | os.PathLike, what: str = "") -> bytes:
+    """A trace's JSON text, whole (gunzipped for ``.gz``), for the decoders that read all of a small
+    trace at once; :class:`TraceFormatError` (``cannot read <what><path>: ...``) when it cannot be read."""
+    path = Path(path)
+    try:
+        return gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
+        raise TraceFormatError(f"cannot read {what}{path}: {str(e).splitlines()[0]}") from None
 
 
 @dataclass

@@ -7,14 +7,13 @@ shapes step): only the op names, threads and input dims are decoded.
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from dpro.graph.kineto.schema import TraceFormatError
+from dpro.graph.kineto.schema import TraceFormatError, whole_text
 
 __all__ = ["decode_input_shapes", "input_shapes"]
 
@@ -37,13 +36,7 @@ class _ShapesTrace(msgspec.Struct):
 
 def input_shapes(path: Path) -> dict[tuple[int, str, int], str]:
     """``(thread, name, k) -> input dims`` (JSON) of the k-th op of each name on each thread."""
-    try:
-        opened = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-        with opened as f:
-            raw = f.read()
-    except (OSError, EOFError) as e:
-        raise TraceFormatError(f"cannot read {path}: {e}") from None
-    return decode_input_shapes(raw, path)
+    return decode_input_shapes(whole_text(path), path)
 
 
 def decode_input_shapes(raw: bytes, path: Path) -> dict[tuple[int, str, int], str]:

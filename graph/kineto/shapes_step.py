@@ -9,8 +9,6 @@ on the run decodes nothing.
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import msgspec
 
 from dpro.code_hash import code_hash
 from dpro.graph.kineto.allocator import MemoryTrace
-from dpro.graph.kineto.schema import TraceFormatError
+from dpro.graph.kineto.schema import TraceFormatError, whole_text
 from dpro.graph.kineto.shapes import decode_input_shapes
 from dpro.run_format import may_write, write_atomically
 
@@ -72,10 +70,7 @@ def load_shapes_step(path: Path, cache_dir: Path | None) -> ShapesStep:
 
 
 def _decode(path: Path) -> ShapesStep:
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:
-        raise TraceFormatError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+    raw = whole_text(path)
     shapes = decode_input_shapes(raw, path)
     return ShapesStep([(tid, name, k, dims) for (tid, name, k), dims in shapes.items()], MemoryTrace.decode(raw, path))
 
