@@ -3,12 +3,14 @@
 Each rank's instance of a collective stays in the graph as its *arrival* (duration 0, where it
 was issued on its thread or stream). The collective becomes the transfers of its algorithm
 (:func:`dpro.graph.collectives.schedule`), one node per send on the resource
-``link/<src>-><dst>``, and one *done* node per rank (duration 0) that everything which followed
+``link/<src>-><dst>``, and one *done* node per rank that everything which followed
 the instance on that rank now follows. A send waits for both ends to have arrived, for the
 data it forwards (the latest send into its sender at an earlier step) and for its sender's
 previous send. The collective's measured transfer time (its shortest instance: the last rank to
 arrive waits the least) is spread over the algorithm's steps, so that the decomposed collective
-ends when the measured one did; the rest of each instance was waiting for the slowest rank.
+ends when the measured one did; the rest of each instance was waiting for the slowest rank, but
+for what it ended after the shortest one's end: a rank's *done* node lasts that long
+(:func:`_finished_late`; a what-if re-times it with the collective's sends).
 
 Collectives over the same ranks share their links: a backend that runs several at once (gloo's
 worker threads) splits the links' bandwidth between them, so each one's measured time holds
@@ -100,7 +102,8 @@ def decompose(nodes: pd.DataFrame, edges: pd.DataFrame, matched: list[Matched]) 
                                 np.broadcast_to(np.array([0, 1, 1]), into_done.shape)[keep]))
         new_nodes.append(pd.DataFrame({
             "rank": ranks, "kind": "collective", "resource": resource[ids], "name": f"{m.coll}#{m.occurrence}",
-            "dur_ns": 0.0, "offset_ns": end, "coll_name": m.coll, "pg_name": m.group, "bytes": m.nbytes}))
+            "dur_ns": _finished_late(m, ids, offset, dur, end), "offset_ns": end, "coll_name": m.coll,
+            "pg_name": m.group, "bytes": m.nbytes}))
         done_of[ids] = done_ids
         done_by.append(done_ids)
         first_sends.append((send_ids[sends.step == 0], sends.src[sends.step == 0]))
@@ -130,6 +133,15 @@ _EDGE_KINDS = np.array(["arrive", "transfer"], dtype=object)
 def _edges(src: np.ndarray, dst: np.ndarray, kind: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"src": src.astype(np.int64), "dst": dst.astype(np.int64), "lag_ns": np.zeros(len(src), np.int64),
                          "kind": _EDGE_KINDS[kind]})
+
+
+def _finished_late(m: Matched, ids: np.ndarray, offset: np.ndarray, dur: np.ndarray, end: float) -> np.ndarray:
+    """Per rank (in rank order), how long after the collective's end (:func:`_end`) its own
+    instance ended: a ring's ranks finish apart (those whose last piece crossed a slower link
+    later; measured 12-14 ms apart on a 4-rank all-gather over two hosts). 0 for a send or receive."""
+    if collective_family(m.coll) in P2P_FAMILIES and len(ids) == 2:
+        return np.zeros(len(ids))
+    return np.maximum(0.0, offset[ids].astype(np.float64) + dur[ids].astype(np.float64) - end)
 
 
 def _send_nodes(m: Matched, ranks: np.ndarray, sends: Schedule, step_ns: np.ndarray, start: np.ndarray) -> pd.DataFrame:

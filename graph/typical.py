@@ -172,7 +172,8 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
     its ends, :func:`_awaited_ends`; ``tops`` with a ``resumed`` column, False):
     an op with no nested call running for :data:`NESTED_WAIT_NS` up to the transfer's end
     becomes its head (to the last call before the wait) and its tail (from the first call
-    after), so that the wait is an edge of the graph, not compute. Where the op sat in a
+    after, of any depth: a call that works before its own nested calls begin, such as a custom
+    op, resumed the op at its start), so that the wait is an edge of the graph, not compute. Where the op sat in a
     :data:`WAIT_CALLS` call over the transfer's end (a functional collective's ``wait_tensor``:
     a wait, not work), it may have waited from its start (no head) or to its end (an empty
     tail). Both pieces keep the op's name; a tail is ``resumed``: the first op of its thread after
@@ -187,8 +188,10 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
     n_end = (nested["start_ns"] + nested["dur_ns"]).to_numpy(np.int64)
     order = np.argsort(n_start, kind="stable")
     n_start, n_end = n_start[order], n_end[order]
+    starts = n_start  # a call of any depth begun after the transfer ended: the op resumed there
     leaf = np.r_[n_start[1:] >= n_end[:-1], True] if len(order) else np.empty(0, bool)
-    # the innermost calls: a range that spans the wait (FSDP's all-gather) is no sign of work
+    # the innermost calls end its work before the wait: a range that spans the wait (FSDP's
+    # all-gather) is no sign of work
     n_start, n_end = n_start[leaf], n_end[leaf]
     n_end = np.maximum.accumulate(n_end) if len(n_end) else n_end
     rows, changed = [], False
@@ -196,16 +199,17 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
         start, end = int(op["start_ns"]), int(op["start_ns"] + op["dur_ns"])
         cuts: list[tuple[int, int]] = []
         for done in awaited[(awaited > start) & (awaited < end)]:
-            i = int(np.searchsorted(n_start, done, "left"))  # the first call after the transfer ended
+            i = int(np.searchsorted(n_start, done, "left"))  # the first innermost call after the transfer ended
             since = cuts[-1][1] if cuts else start
             before = i > 0 and n_start[i - 1] >= since  # a call of this op's (piece's) before the wait
-            after = i < len(n_start) and n_start[i] < end
+            k = int(np.searchsorted(starts, done, "left"))  # the first call of any depth after it
+            after = k < len(starts) and starts[k] < end
             waited = bool(((w_start <= done) & (w_end >= done) & (w_start >= start) & (w_end <= end)).any())
             if not (before and after) and not waited:
                 continue
             idle_from = int(n_end[i - 1]) if before else since
             if idle_from <= done and done - idle_from >= NESTED_WAIT_NS:
-                cuts.append((idle_from, int(n_start[i]) if after else end))
+                cuts.append((idle_from, int(starts[k]) if after else end))
         piece_start = start
         for idle_from, resume in cuts:
             if idle_from > piece_start:
@@ -252,8 +256,17 @@ def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd
         nodes, inner = _step_nodes(ev, int(windows.loc[s, "start_ns"]), int(windows.loc[s, "end_ns"]))
         per_step.append((s, nodes, inner))
     signatures = [_signature(n) for _, n, _ in per_step]
-    # the most common structure; ties: the fuller step, then the earlier (never the set's hash order)
-    common = max(dict.fromkeys(signatures), key=lambda sig: (signatures.count(sig), len(sig)))
+    # the most common structure; ties: the fuller step, then the one whose steps took the
+    # median time the closest (where no structure repeats, as where gloo's worker threads take
+    # the collectives in turn, one step stands for all: never a step the machine slowed), then
+    # the earlier (never the set's hash order)
+    took = {s: float(windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"]) for s in steps}
+    typical = float(np.median(list(took.values())))
+
+    def distance(sig: tuple) -> float:
+        return abs(float(np.median([took[s] for (s, _, _), g in zip(per_step, signatures) if g == sig])) - typical)
+
+    common = min(dict.fromkeys(signatures), key=lambda sig: (-signatures.count(sig), -len(sig), distance(sig)))
     chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]
     template_step, template, inner = chosen[0]
     template["measured_end_ns"] = template["start_ns"] + template["dur_ns"]  # in the template's own step

@@ -30,9 +30,11 @@ with what the strategy's settings change.
   gathered units and the activations stay.
 - ``tp_mesh`` of ``DP×TP``: the parameters sharded over the tensor-parallel dimension, their
   gradients and the optimizer's state for them, ``1/TP`` on each rank against the recorded
-  ``1/TP0``: that share of the rank's state grows by ``TP0 / TP``. The activations stay (those
-  of the split layers, the attention heads and the MLP's hidden units, grow too: an error toward
-  less memory for a smaller ``TP``).
+  ``1/TP0``: that share of the rank's state grows by ``TP0 / TP``, and so do the step's
+  temporaries of a sharded parameter's size held at its peak (a gradient before it is added to
+  the parameter's, the buffer of its all-reduce: an allocation of a sharded parameter's local
+  bytes, matched one to one). The activations stay (those of the split layers, the attention
+  heads and the MLP's hidden units, grow too: an error toward less memory for a smaller ``TP``).
 - ``pipeline_microbatches`` and ``pipeline_schedule``: a stage holds the activations of the
   micro-batches it has run forward and not yet backward: all ``M`` under GPipe, at most
   ``stages - stage`` under 1F1B (its warm-up). The activations the stage held when its first
@@ -45,6 +47,7 @@ with what the strategy's settings change.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 from dpro.analysis.fsdp import parse_mesh
@@ -81,9 +84,22 @@ def _tp_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism 
     shape = settings.get("tp_mesh")
     if not shape or not parallelism or not parallelism.tensor_parallel or not m.parameters_bytes:
         return 0
-    ratio = parameter_ratio(m.parameters_bytes, sum(parallelism.sharded_parameters.get(rank, [])),
-                            int(parallelism.mesh["shape"][-1]), parse_tp_mesh(str(shape))[1])
-    return round((m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes) * (ratio - 1))
+    sharded = parallelism.sharded_parameters.get(rank, [])
+    recorded_tp, tp = int(parallelism.mesh["shape"][-1]), parse_tp_mesh(str(shape))[1]
+    ratio = parameter_ratio(m.parameters_bytes, sum(sharded), recorded_tp, tp)
+    state = (m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes) * (ratio - 1)
+    return round(state + _sized_like(m.peak_allocations, sharded) * (recorded_tp / tp - 1))
+
+
+def _sized_like(allocations: tuple[int, ...], sizes: list[int]) -> int:
+    """The bytes of ``allocations`` of one of ``sizes``, each size matched at most as often as it is listed."""
+    left = Counter(sizes)
+    matched = 0
+    for size in allocations:
+        if left[size]:
+            left[size] -= 1
+            matched += size
+    return matched
 
 
 def _mesh_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:

@@ -39,8 +39,8 @@ from dpro.replayer.simulate import Replay, Replayer
 ISSUE_EDGES = ("enqueue", "launch")  # from the op that issued a collective to its instance (gloo, NCCL)
 INTERFERENCE_ROUNDS = 8  # at most this many replays re-time ops for the overlap the previous one found
 INTERFERENCE_TOLERANCE = 1e-3  # ... and none once no op's factor would move by more than this
-PER_NODE = ("durations", "_bytes", "_bandwidth", "_rate", "_share", "_parts", "_repeat", "_extra", "_residual",
-            "_recorded")  # a WhatIf's arrays of per-node state, that forks copy and new nodes extend
+PER_NODE = ("durations", "_bytes", "_bandwidth", "_rate", "_class_rate", "_share", "_parts", "_repeat", "_extra",
+            "_residual", "_recorded")  # a WhatIf's arrays of per-node state, that forks copy and new nodes extend
 
 
 class WhatIfError(DproError):
@@ -79,13 +79,15 @@ class WhatIf:
         self._median_rank: MedianRank | None = None  # the fold the replayer replays, if folded
         self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
         self._bandwidth = np.ones(len(nodes))  # what set_link_bandwidth asked
-        self._rate = np.ones(len(nodes))  # a send moved to a link class it has no model of: that class's rate over its own
+        self._rate = np.ones(len(nodes))  # the wire's share of a send's time is this much faster (links shared by fewer flows)
+        self._class_rate = np.ones(len(nodes))  # a send moved to a link class it has no model of: that class's rate over its own
         self._share = np.ones(len(nodes))  # a regrouped send's share of its call's bytes over its recorded share
         self._parts = np.ones(len(nodes))
         self._repeat = np.ones(len(nodes))  # algorithm steps each send now stands for
         self._extra = np.zeros(len(nodes))  # time added to a send (a comm hook's compute)
         self._model_of: dict[int, tuple] = {}
         self.dropped: set[tuple[str, int]] = set()  # the collectives :meth:`drop_collective` took out
+        self._ends_of: tuple | None = None  # the collectives table, and its sends and done nodes as arrays
         for c in graph.collectives.itertuples():
             key = (c.coll, link_class(graph, c.ranks))
             if key in self.model and np.isfinite(c.bytes):
@@ -190,12 +192,14 @@ class WhatIf:
         algorithm runs there (:meth:`set_world_size`'s rule, for these calls), over links of
         class ``link_class_``. Where the run measured no such collective over that class,
         ``rate`` (the class's rate over the recorded one's) re-times it on its recorded class's
-        model; an error if not given. A call's recorded ranks stand for its new group's and
+        model: all of its time per byte, not only the wire's share (what TCP loses on a shaped
+        link beyond its wire rate is the link's: 5.1 ns a byte between two hosts at 300 Mb/s,
+        0.6 within one); an error if not given. A call's recorded ranks stand for its new group's and
         still wait for one another (where groups split, an error toward waiting on the slowest;
-        where they merge, the old groups do not wait for each other: an error toward a shorter
-        step). ``sharing``: the flows that shared the recorded call's busiest link over those
-        that share the new group's (the groups of a mesh dimension run at once): the wire's share
-        of each send is that much faster. A dropped call stays dropped."""
+        where they merge, :meth:`join` makes the old groups' calls one). ``sharing``: the flows
+        that shared the recorded call's busiest link over those that share the new group's (the
+        groups of a mesh dimension run at once): the wire's share of each send is that much
+        faster. A dropped call stays dropped."""
         for coll, occurrence in calls:
             self._regroup(self._collective(coll, occurrence), group_size, link_class_, rate, sharing)
         return self._retime_sends()
@@ -214,11 +218,11 @@ class WhatIf:
             self.durations[sends] = self.graph.nodes["dur_ns"].to_numpy(np.float64)[sends] * steps
             return
         key = (c["coll"], link_class_)
+        self._rate[sends] = self._class_rate[sends] = 1.0
         if key in self.model:
             self._model_of.update({int(v): key for v in sends})
-            self._rate[sends] = 1.0
         elif rate is not None:
-            self._rate[sends] = rate
+            self._class_rate[sends] = rate
         else:
             raise WhatIfError(f"no measurement of {c['coll']} over {link_class_}-host links in this run")
         self._rate[sends] *= sharing
@@ -432,7 +436,33 @@ class WhatIf:
         self.edges = pd.concat([kept, own_arrival, spliced], ignore_index=True)
         self._retime_sends()
         self.durations[sends] = self._extra[sends]  # a send the link model does not time too
+        self._retime_ends()
         self.dropped.add((coll, occurrence))
+        return self
+
+    def join(self, calls: list[tuple[str, int]]) -> "WhatIf":
+        """``calls`` (collective, occurrence), each over its own ranks, run as one call over all
+        of theirs (groups merged into one: 2x2's two tensor-parallel pairs as one group of 4):
+        no send of one begins before every rank of every call arrived, and none ends before all
+        their sends did. Their sends keep their timing (:meth:`regroup` re-times them for the
+        merged group)."""
+        pieces = [self._pieces(self._collective(*call)) for call in calls if call not in self.dropped]
+        if len(pieces) < 2:
+            return self
+        step = self.graph.nodes["name"].astype(str).str.rsplit(" step ", n=1).str[-1]
+        firsts, lasts = [], []
+        for sends, _, _, _ in pieces:
+            k = step.to_numpy()[sends].astype(np.int64)
+            firsts.append(sends[k == k.min()])
+            lasts.append(sends[k == k.max()])
+        src, dst = [], []
+        for k, (_, done, arrivals, _) in enumerate(pieces):
+            for j in range(len(pieces)):
+                if j != k:  # the others' arrivals before this call's first sends; their last sends before its ends
+                    src += [np.repeat(pieces[j][2], len(firsts[k])), np.repeat(lasts[j], len(done))]
+                    dst += [np.tile(firsts[k], len(pieces[j][2])), np.tile(done, len(lasts[j]))]
+        joined = pd.DataFrame({"src": np.concatenate(src), "dst": np.concatenate(dst), "lag_ns": 0.0, "kind": "join"})
+        self.edges = pd.concat([self.edges, joined], ignore_index=True)
         return self
 
     def add_waits(self, ends: dict[int, int], users: dict[int, int]) -> "WhatIf":
@@ -524,14 +554,15 @@ class WhatIf:
         return hit.iloc[0]
 
     def _send_model_ns(self, sends: np.ndarray) -> np.ndarray:
-        return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v] * self._share[v],
+        return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v] * self._share[v] / self._class_rate[v],
                                                                        self._bandwidth[v] * self._rate[v],
                                                                        self._parts[v])
                          for v in sends], np.float64) * self._repeat[sends]
 
     def _timing(self, sends: np.ndarray) -> np.ndarray:
         """What a send's time depends on: bytes, bandwidth, pieces, steps, added time."""
-        return np.stack([self._bytes[sends] * self._share[sends], self._bandwidth[sends] * self._rate[sends],
+        return np.stack([self._bytes[sends] * self._share[sends] / self._class_rate[sends],
+                         self._bandwidth[sends] * self._rate[sends],
                          self._parts[sends], self._repeat[sends], self._extra[sends]], axis=1)
 
     def _retime_sends(self) -> "WhatIf":
@@ -540,7 +571,30 @@ class WhatIf:
             changed = (self._timing(sends) != self._recorded[sends]).any(axis=1)
             v = sends[changed]
             self.durations[v] = self._send_model_ns(v) * self._residual[v] + self._extra[v]
+        self._retime_ends()
         return self
+
+    def _retime_ends(self) -> None:
+        """Each rank's end of a collective (its *done* node: how long after the collective's end
+        its own instance ended, :func:`dpro.graph.decompose.decompose`) re-timed as the
+        collective's sends were, by their summed time over their recorded one (none once
+        dropped), but never lengthened: where a call grows (a group of 2 asked as 4), how far
+        apart its new ranks finish is not known from the old ones, whose finishing apart was
+        mostly wake-up noise, and it would grow with the call."""
+        table = self.graph.collectives
+        if not len(table):
+            return
+        if self._ends_of is None or self._ends_of[0] is not table:
+            sends = [np.asarray(v, np.int64) for v in table["sends"]]
+            done = [np.asarray(v, np.int64) for v in table["done"]]
+            self._ends_of = (table, np.concatenate(sends), np.repeat(np.arange(len(sends)), [len(v) for v in sends]),
+                             np.concatenate(done), np.array([len(v) for v in done]))
+        _, send_ids, of_send, done_ids, per_call = self._ends_of
+        recorded = self.graph.nodes["dur_ns"].to_numpy(np.float64)
+        now = np.bincount(of_send, self.durations[send_ids], len(per_call))
+        was = np.bincount(of_send, recorded[send_ids], len(per_call))
+        ratio = np.minimum(np.divide(now, was, out=np.ones(len(per_call)), where=was > 0), 1.0)
+        self.durations[done_ids] = recorded[done_ids] * np.repeat(ratio, per_call)
 
 
 def _order_edges(src: np.ndarray, dst: np.ndarray) -> pd.DataFrame:

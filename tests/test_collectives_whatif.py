@@ -78,6 +78,25 @@ def test_decomposition_keeps_the_measured_end_and_waits_for_the_slowest_rank() -
     assert ends.tolist() == [100.0] * 4, "every rank leaves when the last arrival plus the transfer says"
 
 
+def test_ranks_that_finished_a_collective_apart_leave_it_apart() -> None:
+    """A ring over two hosts: ranks 0 and 2 take their last piece over the slower link and end
+    12 ns after the others. Each rank leaves when its own instance ended; a what-if re-times
+    that with the sends, never lengthening it, and a dropped call leaves it out."""
+    nodes = pd.DataFrame({"rank": [0, 1, 2, 3], "kind": "cpu", "resource": [f"r{r}/cpu/9" for r in range(4)],
+                          "name": "gloo:all_gather", "dur_ns": [72.0, 60.0, 72.0, 60.0],
+                          "offset_ns": [0.0, 0.0, 0.0, 0.0], "coll_name": "all_gather"})
+    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
+    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_gather", 0, {r: r for r in range(4)}, 4e6)])
+    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={r: 1000.0 for r in range(4)},
+                          collectives=table)
+    done = table.at[0, "done"]
+    assert replay(graph, copies=1).end_ns[done].tolist() == [72.0, 60.0, 72.0, 60.0]
+    w = WhatIf(graph)
+    assert w.set_link_bandwidth(2.0).replay().end_ns[done].tolist() == pytest.approx([36.0, 30.0, 36.0, 30.0])
+    assert w.set_link_bandwidth(0.5).replay().end_ns[done].tolist() == pytest.approx([132.0, 120.0, 132.0, 120.0])
+    assert w.drop_collective("all_gather", 0).replay().end_ns[done].tolist() == pytest.approx([0.0] * 4)
+
+
 def test_alpha_beta_fit() -> None:
     sizes = np.array([1e3, 1e4, 1e5, 1e6])
     fit = fit_alpha_beta(sizes, 5_000 + sizes / 12.5)  # 5 us, 12.5 GB/s

@@ -18,7 +18,7 @@ from dpro.graph.dataflow import DataflowGraph, _nested_lags_rescaled, _without_p
 from dpro.graph.kineto import load_trace
 from dpro.graph.matching import match
 from dpro.graph.reduction import reduce_trace
-from dpro.graph.typical import WAKE_SLACK_NS
+from dpro.graph.typical import WAKE_SLACK_NS, typical_step
 from dpro.replayer.simulate import ReplayError, replay
 from dpro.run_records import Calibration
 
@@ -81,6 +81,26 @@ def test_clock_offsets_are_kept_when_consistent_and_clamped_when_not(recorded_ru
     assert abs(refined[1]) <= abs(recorded[1]) and analysis.offsets == refined
     wrong = refine_offsets(instances, {0: 0, 1: 10**9})  # a second off: no collective could overlap
     assert 0 < wrong[1] < 10**9 and abs(wrong[1] - recorded[1]) < 50_000_000
+
+
+def test_where_no_structure_repeats_the_step_of_the_median_time_stands_for_all(tmp_path: Path) -> None:
+    """Three steps, each of its own structure (as where gloo's worker threads take the
+    collectives in turn): the typical step is the one of the median time, not the first, which
+    the machine slowed here."""
+    events, ts = [], 1_000_000.0
+    for step, (last, took) in enumerate((("b", 1900.0), ("c", 1000.0), ("d", 1100.0)), start=5):
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                    "ts": ts, "dur": took},
+                   {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": ts + 10, "dur": took / 2},
+                   {"ph": "X", "cat": "cpu_op", "name": last, "pid": 1, "tid": 1, "ts": ts + took / 2 + 20,
+                    "dur": took / 3}]
+        ts += took + 50
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
+    no_collectives = pd.DataFrame({"step": pd.Series([], dtype="int64"), "event": pd.Series([], dtype="int64"),
+                                   "nbytes": pd.Series([], dtype="float64"), "occurrence": pd.Series([], dtype="int64")})
+    step = typical_step(load_trace(trace, cache=False), 0, [5, 6, 7], no_collectives)
+    assert step.nodes["name"].astype(str).tolist() == ["a", "d"] and step.step_ns == 1_100_000
 
 
 def test_program_order_stays_on_one_thread(run_graph: DataflowGraph) -> None:

@@ -420,7 +420,22 @@ def test_memory_peaks_follow_the_allocator_of_a_public_gpu_trace() -> None:
         top = max(top, running)
     peaks = {p.device: p for p in memory_peaks(trace)}
     assert set(peaks) == {"cpu", "cuda:0"} and peaks["cuda:0"].added_bytes == top > 2e9
+    assert peaks["cuda:0"].allocations == [], "this trace's events name no addresses"
     assert memory_peaks(DATA / "gpu" / "a100-2rank-ddp-rank0.json.gz") == []
+
+
+def test_the_allocations_held_at_the_peak_are_those_not_yet_freed() -> None:
+    """The shapes step of a real H100 run: on the CPU, whose total counts from the profiler's
+    start, what is held at the peak is what the step added; on the GPU at least that (a block
+    allocated before the trace and freed before the peak lowers the total)."""
+    trace = DATA / "runs" / "h100-ddp-1rank" / "ranks" / "0" / "trace-shapes.json.gz"
+    peaks = {p.device: p for p in memory_peaks(trace)}
+    assert sum(peaks["cpu"].allocations) == peaks["cpu"].added_bytes > 0
+    gpu = peaks["cuda:0"]
+    assert sum(gpu.allocations) >= gpu.added_bytes > 1e8 and gpu.allocations == sorted(gpu.allocations, reverse=True)
+    events = [e["args"] for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+              if e.get("name") == "[memory]" and e["args"]["Device Type"] == 1]
+    assert len(gpu.allocations) < sum(e["Bytes"] > 0 for e in events), "the blocks freed before the peak are not held"
 
 
 def test_the_recorded_run_measures_each_ranks_memory(analysis: RunAnalysis) -> None:

@@ -4,6 +4,7 @@ matched within their own groups, their sends paired, replayed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from dpro.analysis import RunAnalysis
 from dpro.analysis import fsdp, tensor_parallel
 from dpro.analysis.memory import rank_memory
-from dpro.analysis.mesh_groups import flows_per_link, runs, strides
+from dpro.analysis.mesh_groups import flows_per_link, merged_calls, runs, strides
 from dpro.analysis.whatif import CostModel
 from dpro.optimizer.memory_estimate import _tp_bytes
 from dpro.optimizer.passes.tensor_parallel import tp_mesh as tp_mesh_pass
@@ -358,6 +359,25 @@ def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_u
         strategy_memory_bytes({}, memory, None, hsdp) - 1300, "and half the other way"
 
 
+def test_a_sharded_parameters_temporaries_at_the_peak_resize_with_tensor_parallel() -> None:
+    from dpro.analysis.memory import RankMemory
+    from dpro.analysis.parallelism import Parallelism
+    from dpro.optimizer.memory_estimate import strategy_memory_bytes
+
+    job = Parallelism(world_size=4, mesh={"shape": [2, 2], "dim_names": ["dp", "tp"]},
+                      sharded_parameters={0: [400, 100]})
+    # 1000 bytes of parameters (500 of them sharded), their gradients; at the peak a new gradient
+    # of the 400-byte shard (twice: only one such parameter, so one is another tensor) and an activation
+    memory = {0: RankMemory(1000, 1000, 0, False, 0, 1000, "cpu", None, (400, 400, 150))}
+    held = strategy_memory_bytes({}, memory, None, job)
+    assert held == 3000
+    assert strategy_memory_bytes({"tp_mesh": "1x4"}, memory, None, job) == held - 2 * 250 - 200, \
+        "a quarter shard: half the sharded state, half the one temporary of its size"
+    assert strategy_memory_bytes({"tp_mesh": "4x1"}, memory, None, job) == held + 2 * 500 + 400
+    bare = {0: dataclasses.replace(memory[0], peak_allocations=())}  # a trace that names no addresses
+    assert strategy_memory_bytes({"tp_mesh": "4x1"}, bare, None, job) == held + 2 * 500
+
+
 def test_checkpointing_an_fsdp_job_s_blocks_is_planned_from_its_units(deep_fsdp_run: Path, tmp_path_factory) -> None:
     from dpro.analysis.memory import rank_memory
     from dpro.analysis.whatif import Change, predict
@@ -436,7 +456,8 @@ def test_a_2x2_tensor_parallel_job_asked_as_4x1_sends_what_the_4x1_job_sent(tp_r
     assert tp_mesh_pass(source).settings == [{"tp_mesh": "4x1"}, {"tp_mesh": "1x4"}]
     held = {r: m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes
             for r, m in rank_memory(source).items()}
-    grown = {r: held[r] + _tp_bytes({"tp_mesh": "4x1"}, m, source.parallelism, r)
+    grown = {r: held[r] + _tp_bytes({"tp_mesh": "4x1"}, dataclasses.replace(m, peak_allocations=()),
+                                    source.parallelism, r)  # the held state alone, no temporaries
              for r, m in rank_memory(source).items()}
     for r, m in rank_memory(target).items():
         assert grown[r] == pytest.approx(m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes, rel=0.01)
@@ -453,6 +474,20 @@ def test_a_2x2_tensor_parallel_job_asked_as_1x4_splits_over_4_and_drops_the_grad
     assert details["tp_links"] == "intra" and details["dp_links"] is None and details["sharded_ops"] > 0
     shown = dpro("whatif", tp_run, "--tp-mesh", "1x4")
     assert "tp: mesh 2x2 -> 1x4" in shown.stdout and "gradient all-reduces dropped" in shown.stdout
+    # the two pairs' k-th calls are one call of the group of 4: none of its sends begins before
+    # all four ranks arrived
+    source = RunAnalysis.open(tp_run)
+    w = CostModel(source).what_if()
+    tensor_parallel.tp_mesh(w, source, "1x4")
+    tp_calls = [(c, k) for c, k, g in zip(table["coll"], table["occurrence"], table["group"])
+                if g in set(layout.tp_groups.values())]
+    joined = merged_calls(w, tp_calls, runs(4, 4))
+    assert len(joined) == len(tp_calls) // 2 > 0
+    result = w.replay()
+    for pair in joined:
+        pieces = [w._pieces(w._collective(*call)) for call in pair]
+        assert {tuple(w._collective(*call)["ranks"]) for call in pair} == {(0, 1), (2, 3)}
+        assert min(result.start_ns[p[0]].min() for p in pieces) >= max(result.end_ns[p[2]].max() for p in pieces)
 
 
 def test_rings_across_two_hosts_share_the_link_as_their_hops_cross_it() -> None:
@@ -600,6 +635,12 @@ def test_an_op_that_sat_waiting_for_a_transfer_is_cut_at_the_wait() -> None:
                                 "start_ns": [0, 1_000_000], "dur_ns": [1_000_000, 8_990_000]})
     cut = _split_at_waits(op, waited_last, np.array([9_900_000]))
     assert list(cut["start_ns"]) == [0, 10_000_000] and list(cut["dur_ns"]) == [1_000_000, 0]
+    # a call that works before its own calls begin (a custom op: the testbed's held backward,
+    # then its clone) resumed the op at its start: its work is the tail's, not the wait's
+    custom = pd.DataFrame({"name": ["aten::mm", "dpro_testbed::hold_backward", "aten::clone"],
+                           "start_ns": [100_000, 8_000_000, 9_500_000], "dur_ns": [50_000, 1_800_000, 200_000]})
+    cut = _split_at_waits(op, custom, np.array([7_900_000]))
+    assert list(cut["start_ns"]) == [0, 8_000_000] and list(cut["resumed"]) == [False, True]
 
 
 def test_the_dashboard_labels_each_lane_with_its_mesh_coordinate(browser, tp_run: Path) -> None:

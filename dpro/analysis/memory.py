@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dpro.graph.kineto.allocator import MemoryPeak
 from dpro.run_format import BACKWARD_EVENT_PREFIX
 
 from dpro.analysis.run import RunAnalysis
@@ -30,7 +31,8 @@ class RankMemory:
     """One rank's memory, bytes; ``added_bytes`` None where the step's memory was not recorded;
     ``pipeline_activation_bytes``: for a pipeline stage, what the step held when its first
     backward pass began on top of what it held when the pipeline began (the activations of
-    the micro-batches then in flight)."""
+    the micro-batches then in flight); ``peak_allocations``: the sizes of the step's
+    allocations held at its peak, largest first (empty where the trace names no addresses)."""
 
     parameters_bytes: int
     gradients_bytes: int
@@ -40,6 +42,7 @@ class RankMemory:
     added_bytes: int | None
     device: str | None
     pipeline_activation_bytes: int | None = None
+    peak_allocations: tuple[int, ...] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -60,11 +63,12 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
         if held is None:
             continue
         ddp = [d for d in meta.ddp if d.buckets]
-        added, device, activations = _step_memory(analysis, rank)
+        peak, activations = _step_memory(analysis, rank)
         found[rank] = RankMemory(
             held.parameters_bytes, held.gradients_bytes, sum(sum(d.bucket_bytes) for d in ddp),
             bool(ddp) and all(d.gradient_as_bucket_view for d in ddp), held.optimizer_state_bytes,
-            added, device, activations)
+            peak.added_bytes if peak else None, peak.device if peak else None, activations,
+            tuple(peak.allocations) if peak else ())
     return found
 
 
@@ -74,17 +78,17 @@ PIPELINE_MARKS = {"start": PIPELINE_STARTS,
 and its first backward pass (torch's ``Backward i`` range under GPipe, else autograd's first function)."""
 
 
-def _step_memory(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | None, int | None]:
-    """From the rank's shapes step, read once: its peak added bytes on the device that holds
-    the model (a GPU where the trace has one: the CPU's allocations of a GPU job are its data
-    pipeline's), that device, and for a pipeline stage what it held at its first backward pass
-    over what it held at its schedule's start (None where either is not in the trace)."""
+def _step_memory(analysis: RunAnalysis, rank: int) -> tuple[MemoryPeak | None, int | None]:
+    """From the rank's shapes step, read once: the peak of the device that holds the model (a
+    GPU where the trace has one: the CPU's allocations of a GPU job are its data pipeline's),
+    and for a pipeline stage what it held at its first backward pass over what it held at its
+    schedule's start (None where either is not in the trace)."""
     trace = analysis.memory_trace(rank)
     if trace is None:
-        return None, None, None
+        return None, None
     peaks = trace.peaks()
     if not peaks:
-        return None, None, None
+        return None, None
     gpus = [p for p in peaks if p.device.startswith("cuda")]
     top = max(gpus or peaks, key=lambda p: p.added_bytes)
     activations = None
@@ -92,4 +96,4 @@ def _step_memory(analysis: RunAnalysis, rank: int) -> tuple[int | None, str | No
         at = trace.added_before(top.device, PIPELINE_MARKS)
         if at["start"] is not None and at["backward"] is not None:
             activations = max(0, at["backward"] - at["start"])
-    return top.added_bytes, top.device, activations
+    return top, activations

@@ -8,7 +8,7 @@ from collections import Counter
 from dpro.replayer.cost import link_class
 from dpro.replayer.graph_edits import WhatIf
 
-__all__ = ["crossed", "flows_per_link", "regroup_over", "runs", "strides"]
+__all__ = ["crossed", "flows_per_link", "merged_calls", "regroup_over", "runs", "strides"]
 
 
 def runs(world: int, size: int) -> list[range]:
@@ -52,7 +52,8 @@ def regroup_over(w: WhatIf, calls: list[tuple[str, int]], size: int, groups: lis
     recorded class's model with the wire's share re-timed at the classes' calibrated rates
     (``wires``: :func:`dpro.replayer.linkmodel.wire_rates`). Between hosts both ways, the wire's
     share is re-timed for the flows that share the busiest link (:func:`flows_per_link`): 2x2's
-    two 2-rank rings across two hosts share it, 4x1's one ring of 4 does not."""
+    two 2-rank rings across two hosts share it, 4x1's one ring of 4 does not. Where recorded
+    groups merge into one, their calls become one (:func:`merged_calls`, :meth:`WhatIf.join`)."""
     new_link = crossed(w, groups)
     before, after = flows_per_link(w, was), flows_per_link(w, groups)
     by_link: dict[str, list[tuple[str, int]]] = {}
@@ -63,4 +64,23 @@ def regroup_over(w: WhatIf, calls: list[tuple[str, int]], size: int, groups: lis
             wires[new_link] / wires[old_link] if new_link in wires and old_link in wires else None)
         sharing = before / after if old_link == new_link == "inter" and before and after else 1.0
         w.regroup(mine, size, new_link, rate, sharing)
+    for joined in merged_calls(w, calls, groups):
+        w.join(joined)
     return new_link
+
+
+def merged_calls(w: WhatIf, calls: list[tuple[str, int]], groups: list[range]) -> list[list[tuple[str, int]]]:
+    """Where recorded groups merge into one of ``groups``, the calls that become one: the
+    ``k``-th call of each name of every recorded group inside the new one, in the order each
+    group issued them. None where the merging groups made different numbers of such calls."""
+    by_group: dict[tuple[int, str, tuple[int, ...]], list[tuple[str, int]]] = {}
+    for coll, occurrence in calls:
+        ranks = tuple(sorted(int(r) for r in w._collective(coll, occurrence)["ranks"]))
+        new = next((k for k, g in enumerate(groups) if set(ranks) <= set(g)), None)
+        if new is not None and len(ranks) < len(groups[new]):
+            by_group.setdefault((new, coll, ranks), []).append((coll, occurrence))
+    merging: dict[tuple[int, str], list[list[tuple[str, int]]]] = {}
+    for (new, coll, _), mine in sorted(by_group.items()):
+        merging.setdefault((new, coll), []).append(sorted(mine, key=lambda c: c[1]))
+    return [list(joined) for lists in merging.values() if len(lists) > 1 and len({len(x) for x in lists}) == 1
+            for joined in zip(*lists)]

@@ -30,6 +30,7 @@ class _Args(msgspec.Struct, gc=False):
     nbytes: int | float = msgspec.field(name="Bytes", default=0)
     device_type: int = msgspec.field(name="Device Type", default=-1)
     device_id: int = msgspec.field(name="Device Id", default=-1)
+    addr: int | None = msgspec.field(name="Addr", default=None)
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -48,12 +49,15 @@ _DECODER = msgspec.json.Decoder(_File)
 class MemoryPeak(msgspec.Struct, frozen=True):
     """One device's memory in a trace: ``added_bytes``, the most allocated on top of what was
     held before the trace's first allocation; ``total_bytes``, the highest ``Total
-    Allocated`` (on the CPU, counted from the profiler's start); ``events``."""
+    Allocated`` (on the CPU, counted from the profiler's start); ``events``; ``allocations``,
+    the sizes of the trace's allocations still held at the peak, largest first (empty where the
+    events name no addresses)."""
 
     device: str
     added_bytes: int
     total_bytes: int
     events: int
+    allocations: list[int] = []
 
 
 def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
@@ -64,11 +68,13 @@ def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
 
 class DeviceMemory(msgspec.Struct, frozen=True):
     """One device's allocator events in time order: their times (us), the total allocated after
-    each, and the total before the first."""
+    each, the total before the first, and the sizes of the allocations made since then and
+    still held at the highest total (first reached), largest first."""
 
     times: list[float]
     totals: list[float]
     before: float
+    at_peak: list[int] = []
 
 
 class MemoryTrace(msgspec.Struct, frozen=True):
@@ -101,7 +107,7 @@ class MemoryTrace(msgspec.Struct, frozen=True):
 
     def peaks(self) -> list[MemoryPeak]:
         """Each device's :class:`MemoryPeak`; empty where the trace holds no memory events."""
-        return [MemoryPeak(device, max(0, int(max(m.totals) - m.before)), int(max(m.totals)), len(m.times))
+        return [MemoryPeak(device, max(0, int(max(m.totals) - m.before)), int(max(m.totals)), len(m.times), m.at_peak)
                 for device, m in self.devices.items()]
 
     def added_before(self, device: str, names: dict[str, re.Pattern]) -> dict[str, int | None]:
@@ -142,5 +148,20 @@ def _per_device(trace: _File) -> dict[tuple[int, int], DeviceMemory]:
         else:
             totals = [a.total_allocated for a in args]
         out[key] = DeviceMemory([float(e.ts) for e in events], [float(t) for t in totals],
-                                float(totals[0] - args[0].nbytes))
+                                float(totals[0] - args[0].nbytes), _held_at_peak(args, totals))
     return out
+
+
+def _held_at_peak(args: list[_Args], totals: list[float]) -> list[int]:
+    """The sizes of the allocations among ``args`` not yet freed when ``totals`` first reaches
+    its highest, largest first (a free is matched to its allocation by address); empty where
+    the events name no addresses."""
+    if any(a.addr is None for a in args):
+        return []
+    held: dict[int, int] = {}
+    for a in args[:totals.index(max(totals)) + 1]:
+        if a.nbytes > 0:
+            held[a.addr] = int(a.nbytes)
+        else:
+            held.pop(a.addr, None)
+    return sorted(held.values(), reverse=True)
