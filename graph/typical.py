@@ -258,13 +258,14 @@ def typical_step(tables: TraceTables, rank: int, steps: list[int], instances: pd
     signatures = [_signature(n) for _, n, _ in per_step]
     # the most common structure; ties: the fuller step, then the one whose steps took the
     # median time the closest (where no structure repeats, as where gloo's worker threads take
-    # the collectives in turn, one step stands for all: never a step the machine slowed), then
-    # the earlier (never the set's hash order)
+    # the collectives in turn, one step stands for all: of those as full, not one the machine
+    # slowed), then the earlier (never the set's hash order)
     took = {s: float(windows.loc[s, "end_ns"] - windows.loc[s, "start_ns"]) for s in steps}
     typical = float(np.median(list(took.values())))
 
-    def distance(sig: tuple) -> float:
-        return abs(float(np.median([took[s] for (s, _, _), g in zip(per_step, signatures) if g == sig])) - typical)
+    def distance(sig: tuple) -> int:  # in µs: two steps as far from their median are a tie, not float noise
+        return round(abs(float(np.median([took[s] for (s, _, _), g in zip(per_step, signatures) if g == sig]))
+                         - typical) / 1e3)
 
     common = min(dict.fromkeys(signatures), key=lambda sig: (-signatures.count(sig), -len(sig), distance(sig)))
     chosen = [(s, n, i) for (s, n, i), sig in zip(per_step, signatures) if sig == common]

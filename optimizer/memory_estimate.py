@@ -88,7 +88,8 @@ def _tp_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism 
     recorded_tp, tp = int(parallelism.mesh["shape"][-1]), parse_tp_mesh(str(shape))[1]
     ratio = parameter_ratio(m.parameters_bytes, sum(sharded), recorded_tp, tp)
     state = (m.parameters_bytes + m.gradients_bytes + m.optimizer_state_bytes) * (ratio - 1)
-    return round(state + _sized_like(m.peak_allocations, sharded) * (recorded_tp / tp - 1))
+    temporaries = min(_sized_like(m.peak_allocations, sharded), m.added_bytes or 0)  # no more than the step added
+    return round(state + temporaries * (recorded_tp / tp - 1))
 
 
 def _sized_like(allocations: tuple[int, ...], sizes: list[int]) -> int:

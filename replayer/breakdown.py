@@ -8,7 +8,7 @@ ending at the node of ``r`` that ends last in the predicted step. Each stretch o
 - ``launch_bound``: CPU ops of ``r`` whose launch the path's next GPU op waited for (the GPU
   was starved by the CPU);
 - ``communication``: sends of a collective, once every rank has arrived (exposed: nothing of
-  ``r``'s ran in its place); also split by the collective's process group
+  ``r``'s ran in its place), and what a rank's own end of it took beyond the others'; also split by the collective's process group
   (``communication_by_group_ms``: a mesh's data- and tensor-parallel groups, a pipeline's sends);
 - ``waiting``: ops and gaps of other ranks (``r`` was waiting for a slower rank to arrive);
 - ``idle``: gaps between ``r``'s own ops on the path (scheduling, Python overhead, latency).
@@ -70,7 +70,7 @@ def breakdown(graph: DataflowGraph, result: Replay, rank: int | None = None) -> 
         took, gap = max(min(end[v], upto) - begin, 0.0), max(upto - max(end[v], begin), 0.0)
         frontier = upto
         mine = ranks[v] == owner
-        if kinds[v] == "transfer":
+        if kinds[v] in ("transfer", "collective"):  # a rank's end of a collective: the part it took beyond the others
             totals["communication"] += took
             by_group[groups[v]] = by_group.get(groups[v], 0.0) + took
         elif not mine:

@@ -135,6 +135,7 @@ class WhatIf:
         of ops (``name=r"aten::mm"``, ``kind="gpu"``, ``rank=3``)."""
         ids = self.select(**where)  # type: ignore[arg-type]
         self.durations[ids] *= factor
+        self._retime_ends()  # a rank's end of a collective follows the collective's sends
         return self
 
     def set_link_bandwidth(self, factor: float, src: int | None = None, dst: int | None = None,
@@ -194,12 +195,12 @@ class WhatIf:
         ``rate`` (the class's rate over the recorded one's) re-times it on its recorded class's
         model: all of its time per byte, not only the wire's share (what TCP loses on a shaped
         link beyond its wire rate is the link's: 5.1 ns a byte between two hosts at 300 Mb/s,
-        0.6 within one); an error if not given. A call's recorded ranks stand for its new group's and
-        still wait for one another (where groups split, an error toward waiting on the slowest;
-        where they merge, :meth:`join` makes the old groups' calls one). ``sharing``: the flows
-        that shared the recorded call's busiest link over those that share the new group's (the
-        groups of a mesh dimension run at once): the wire's share of each send is that much
-        faster. A dropped call stays dropped."""
+        0.6 within one); an error if not given. A call's recorded ranks stand for its new
+        group's and still wait for one another (where groups split, an error toward waiting on
+        the slowest; where they merge, see :meth:`join`). ``sharing``: the flows that shared the
+        recorded call's busiest link over those that share the new group's (the groups of a mesh
+        dimension run at once): the wire's share of each send is that much faster. A dropped
+        call stays dropped."""
         for coll, occurrence in calls:
             self._regroup(self._collective(coll, occurrence), group_size, link_class_, rate, sharing)
         return self._retime_sends()
@@ -251,6 +252,7 @@ class WhatIf:
                     users = users[offset[users["dst"].to_numpy()] >= offset[kept_done]]
                     edges = pd.concat([edges, users.assign(src=kept_done)], ignore_index=True)
             self.edges = edges.reset_index(drop=True)
+        self._retime_ends()
         return self
 
     def split_collective(self, coll: str, occurrence: int, count: int) -> list[int]:
@@ -415,6 +417,7 @@ class WhatIf:
         src, dst, kind = (edges[k].to_numpy() for k in ("src", "dst", "kind"))
         touched = (np.isin(dst, arrivals) & np.isin(kind, ISSUE_EDGES)) | (np.isin(src, done) & (kind == "wait"))
         ties = np.isin(dst, members) & np.isin(src, members)  # arrivals and sends into sends and ends
+        ties |= (kind == "join") & (np.isin(dst, members) | np.isin(src, members))  # no longer one with others
         rank = self.graph.nodes["rank"].to_numpy()
         own = {int(rank[a]): int(a) for a in arrivals}
         inner = np.concatenate([sends, done])
@@ -440,29 +443,31 @@ class WhatIf:
         self.dropped.add((coll, occurrence))
         return self
 
-    def join(self, calls: list[tuple[str, int]]) -> "WhatIf":
-        """``calls`` (collective, occurrence), each over its own ranks, run as one call over all
-        of theirs (groups merged into one: 2x2's two tensor-parallel pairs as one group of 4):
-        no send of one begins before every rank of every call arrived, and none ends before all
-        their sends did. Their sends keep their timing (:meth:`regroup` re-times them for the
-        merged group)."""
-        pieces = [self._pieces(self._collective(*call)) for call in calls if call not in self.dropped]
-        if len(pieces) < 2:
-            return self
-        step = self.graph.nodes["name"].astype(str).str.rsplit(" step ", n=1).str[-1]
-        firsts, lasts = [], []
-        for sends, _, _, _ in pieces:
-            k = step.to_numpy()[sends].astype(np.int64)
-            firsts.append(sends[k == k.min()])
-            lasts.append(sends[k == k.max()])
-        src, dst = [], []
-        for k, (_, done, arrivals, _) in enumerate(pieces):
-            for j in range(len(pieces)):
-                if j != k:  # the others' arrivals before this call's first sends; their last sends before its ends
-                    src += [np.repeat(pieces[j][2], len(firsts[k])), np.repeat(lasts[j], len(done))]
-                    dst += [np.tile(firsts[k], len(pieces[j][2])), np.tile(done, len(lasts[j]))]
-        joined = pd.DataFrame({"src": np.concatenate(src), "dst": np.concatenate(dst), "lag_ns": 0.0, "kind": "join"})
-        self.edges = pd.concat([self.edges, joined], ignore_index=True)
+    def join(self, groups: list[list[tuple[str, int]]]) -> "WhatIf":
+        """Each of ``groups`` of calls (collective, occurrence), each call over its own ranks, run
+        as one call over all of theirs (groups of ranks merged into one: 2x2's two
+        tensor-parallel pairs as one group of 4): no send of one begins before every rank of
+        every call arrived, and none ends before all their sends did. Their sends keep their
+        timing (:meth:`regroup` re-times them for the merged group); a call that sends nothing
+        or was dropped joins none."""
+        names = self.graph.nodes["name"].to_numpy()
+        src: list[np.ndarray] = []
+        dst: list[np.ndarray] = []
+        for calls in groups:
+            pieces = [p for p in (self._pieces(self._collective(*c)) for c in calls if c not in self.dropped)
+                      if len(p[0])]
+            steps = [np.array([int(str(n).rsplit(" step ", 1)[-1]) for n in names[sends]]) for sends, _, _, _ in pieces]
+            firsts = [sends[k == k.min()] for (sends, _, _, _), k in zip(pieces, steps)]
+            lasts = [sends[k == k.max()] for (sends, _, _, _), k in zip(pieces, steps)]
+            for i, (_, done, _, _) in enumerate(pieces):
+                for j, (_, _, arrivals, _) in enumerate(pieces):
+                    if i != j:  # the others' arrivals before this call's first sends; their last sends before its ends
+                        src += [np.repeat(arrivals, len(firsts[i])), np.repeat(lasts[j], len(done))]
+                        dst += [np.tile(firsts[i], len(arrivals)), np.tile(done, len(lasts[j]))]
+        if src:
+            joined = pd.DataFrame({"src": np.concatenate(src).astype(np.int64), "dst": np.concatenate(dst).astype(np.int64),
+                                   "lag_ns": 0.0, "kind": "join"})
+            self.edges = pd.concat([self.edges, joined], ignore_index=True)
         return self
 
     def add_waits(self, ends: dict[int, int], users: dict[int, int]) -> "WhatIf":

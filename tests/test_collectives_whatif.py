@@ -15,7 +15,7 @@ from dpro.analysis import RunAnalysis
 from dpro.graph.dataflow import DataflowGraph
 from dpro.graph.decompose import Matched, decompose
 from dpro.replayer.breakdown import CATEGORIES, breakdown, rank_critical_path
-from dpro.replayer.cost import fit_alpha_beta
+from dpro.replayer.cost import AlphaBeta, fit_alpha_beta
 from dpro.replayer.simulate import Replayer, replay
 from dpro.replayer.graph_edits import WhatIf, WhatIfError
 
@@ -95,6 +95,27 @@ def test_ranks_that_finished_a_collective_apart_leave_it_apart() -> None:
     assert w.set_link_bandwidth(2.0).replay().end_ns[done].tolist() == pytest.approx([36.0, 30.0, 36.0, 30.0])
     assert w.set_link_bandwidth(0.5).replay().end_ns[done].tolist() == pytest.approx([132.0, 120.0, 132.0, 120.0])
     assert w.drop_collective("all_gather", 0).replay().end_ns[done].tolist() == pytest.approx([0.0] * 4)
+
+
+def test_a_call_moved_to_a_class_with_no_model_scales_all_its_time_per_byte() -> None:
+    """A 2-rank all-gather across hosts asked within one, where the run measured none: its
+    sends' time per byte, not only the wire's share, scales by the two classes' wire rates; the
+    latency stays. Within its own class a faster link speeds the wire's share only."""
+    nodes = pd.DataFrame({"rank": [0, 1], "kind": "cpu", "resource": ["r0/cpu/9", "r1/cpu/9"],
+                          "name": "gloo:all_gather", "dur_ns": [1e6, 1e6], "offset_ns": [0.0, 0.0],
+                          "coll_name": "all_gather"})
+    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
+    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_gather", 0, {0: 0, 1: 1}, 2e6)])
+    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e7, 1: 1e7},
+                          collectives=table, hosts={0: "a", 1: "b"})
+    model = {("all_gather", "inter"): AlphaBeta(alpha_ns=1000.0, beta_bytes_per_ns=0.1, points=7,
+                                                wire_bytes_per_ns=0.125)}  # 10 ns a byte, of which the wire's 8
+    sends = np.asarray(table.at[0, "sends"])
+    per_send = 1e6  # the bytes each of the two sends carries
+    w = WhatIf(graph, model=model).regroup([("all_gather", 0)], 2, "intra", rate=10.0)
+    assert w.durations[sends] == pytest.approx((1000 + per_send * 10 / 10) * w._residual[sends])
+    w = WhatIf(graph, model=model).regroup([("all_gather", 0)], 2, "inter", sharing=2.0)
+    assert w.durations[sends] == pytest.approx((1000 + per_send * (2 + 8 / 2)) * w._residual[sends])
 
 
 def test_alpha_beta_fit() -> None:

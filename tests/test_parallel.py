@@ -488,6 +488,11 @@ def test_a_2x2_tensor_parallel_job_asked_as_1x4_splits_over_4_and_drops_the_grad
         pieces = [w._pieces(w._collective(*call)) for call in pair]
         assert {tuple(w._collective(*call)["ranks"]) for call in pair} == {(0, 1), (2, 3)}
         assert min(result.start_ns[p[0]].min() for p in pieces) >= max(result.end_ns[p[2]].max() for p in pieces)
+        assert min(result.start_ns[p[1]].min() for p in pieces) >= max(result.end_ns[p[0]].max() for p in pieces), \
+            "and no rank leaves before every send of both ended"
+    dropped = w.fork().drop_collective(*joined[0][0])
+    assert not (dropped.edges["kind"].eq("join") & dropped.edges["src"].isin(
+        w._pieces(w._collective(*joined[0][0]))[3])).any(), "a dropped call is one with no other"
 
 
 def test_rings_across_two_hosts_share_the_link_as_their_hops_cross_it() -> None:

@@ -23,8 +23,8 @@ issued in (``FSDP::all_gather (unit)``; its reduce-scatter, the op's post-backwa
   the all-reduce of its ``1/S`` shard over the ``R`` ranks holding the same shard (added where
   the job had none, on gloo: FSDP2 waits for it there, in the unit's post-backward reduce;
   dropped where the new mesh has one replica). Each call over the links its new group crosses:
-  where the run measured none of that class, its recorded class's model with the wire's share
-  re-timed at the class's calibrated rate. The ops around the calls keep their time (FSDP's
+  where the run measured none of that class, its recorded class's model with its time per
+  byte re-timed at the class's calibrated rate. The ops around the calls keep their time (FSDP's
   copies in and out of the buffers, whose bytes the shard size changes: an error toward the
   recorded mesh).
 """

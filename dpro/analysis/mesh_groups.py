@@ -49,7 +49,7 @@ def regroup_over(w: WhatIf, calls: list[tuple[str, int]], size: int, groups: lis
     """Each of ``calls`` (recorded on the groups ``was``) over ``size`` ranks of the new
     ``groups`` (:meth:`WhatIf.regroup`), over the links those cross; returns their class. A call
     recorded over another class, where the run measured none over the new one, keeps its
-    recorded class's model with the wire's share re-timed at the classes' calibrated rates
+    recorded class's model with its time per byte re-timed at the classes' calibrated rates
     (``wires``: :func:`dpro.replayer.linkmodel.wire_rates`). Between hosts both ways, the wire's
     share is re-timed for the flows that share the busiest link (:func:`flows_per_link`): 2x2's
     two 2-rank rings across two hosts share it, 4x1's one ring of 4 does not. Where recorded
@@ -64,15 +64,15 @@ def regroup_over(w: WhatIf, calls: list[tuple[str, int]], size: int, groups: lis
             wires[new_link] / wires[old_link] if new_link in wires and old_link in wires else None)
         sharing = before / after if old_link == new_link == "inter" and before and after else 1.0
         w.regroup(mine, size, new_link, rate, sharing)
-    for joined in merged_calls(w, calls, groups):
-        w.join(joined)
+    w.join(merged_calls(w, calls, groups))
     return new_link
 
 
 def merged_calls(w: WhatIf, calls: list[tuple[str, int]], groups: list[range]) -> list[list[tuple[str, int]]]:
     """Where recorded groups merge into one of ``groups``, the calls that become one: the
     ``k``-th call of each name of every recorded group inside the new one, in the order each
-    group issued them. None where the merging groups made different numbers of such calls."""
+    group issued them. The calls of a name are left apart where the merging groups made
+    different numbers of them."""
     by_group: dict[tuple[int, str, tuple[int, ...]], list[tuple[str, int]]] = {}
     for coll, occurrence in calls:
         ranks = tuple(sorted(int(r) for r in w._collective(coll, occurrence)["ranks"]))
