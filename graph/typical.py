@@ -173,11 +173,12 @@ def _split_at_waits(tops: pd.DataFrame, nested: pd.DataFrame, awaited: np.ndarra
     an op with no nested call running for :data:`NESTED_WAIT_NS` up to the transfer's end
     becomes its head (to the last call before the wait) and its tail (from the first call
     after, of any depth: a call that works before its own nested calls begin, such as a custom
-    op, resumed the op at its start), so that the wait is an edge of the graph, not compute. Where the op sat in a
-    :data:`WAIT_CALLS` call over the transfer's end (a functional collective's ``wait_tensor``:
-    a wait, not work), it may have waited from its start (no head) or to its end (an empty
-    tail). Both pieces keep the op's name; a tail is ``resumed``: the first op of its thread after
-    the transfers that ended while it waited, it is their waiter (:func:`_rank_edges`)."""
+    op, resumed the op at its start), so that the wait is an edge of the graph, not compute.
+    Where the op sat in a :data:`WAIT_CALLS` call over the transfer's end (a functional
+    collective's ``wait_tensor``: a wait, not work), it may have waited from its start (no head)
+    or to its end (an empty tail). Both pieces keep the op's name; a tail is ``resumed``: the
+    first op of its thread after the transfers that ended while it waited, it is their waiter
+    (:func:`_rank_edges`)."""
     if not len(awaited) or tops.empty:
         return tops
     is_wait = nested["name"].astype(str).isin(WAIT_CALLS).to_numpy()

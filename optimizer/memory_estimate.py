@@ -94,13 +94,7 @@ def _tp_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism 
 
 def _sized_like(allocations: tuple[int, ...], sizes: list[int]) -> int:
     """The bytes of ``allocations`` of one of ``sizes``, each size matched at most as often as it is listed."""
-    left = Counter(sizes)
-    matched = 0
-    for size in allocations:
-        if left[size]:
-            left[size] -= 1
-            matched += size
-    return matched
+    return sum((Counter(allocations) & Counter(sizes)).elements())
 
 
 def _mesh_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:

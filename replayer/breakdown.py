@@ -8,8 +8,9 @@ ending at the node of ``r`` that ends last in the predicted step. Each stretch o
 - ``launch_bound``: CPU ops of ``r`` whose launch the path's next GPU op waited for (the GPU
   was starved by the CPU);
 - ``communication``: sends of a collective, once every rank has arrived (exposed: nothing of
-  ``r``'s ran in its place), and what a rank's own end of it took beyond the others'; also split by the collective's process group
-  (``communication_by_group_ms``: a mesh's data- and tensor-parallel groups, a pipeline's sends);
+  ``r``'s ran in its place), and what a rank's own end of it took beyond the others'; also
+  split by the collective's process group (``communication_by_group_ms``: a mesh's data- and
+  tensor-parallel groups, a pipeline's sends);
 - ``waiting``: ops and gaps of other ranks (``r`` was waiting for a slower rank to arrive);
 - ``idle``: gaps between ``r``'s own ops on the path (scheduling, Python overhead, latency).
 

@@ -79,8 +79,9 @@ class WhatIf:
         self._median_rank: MedianRank | None = None  # the fold the replayer replays, if folded
         self._bytes = nodes["bytes"].to_numpy(np.float64).copy()
         self._bandwidth = np.ones(len(nodes))  # what set_link_bandwidth asked
-        self._rate = np.ones(len(nodes))  # the wire's share of a send's time is this much faster (links shared by fewer flows)
-        self._class_rate = np.ones(len(nodes))  # a send moved to a link class it has no model of: that class's rate over its own
+        self._rate = np.ones(len(nodes))  # the wire's share of a send's time this much faster (fewer flows share it)
+        self._class_rate = np.ones(len(nodes))  # a send moved to a link class it has no model of: that class's rate
+        # over its own (all of its time per byte)
         self._share = np.ones(len(nodes))  # a regrouped send's share of its call's bytes over its recorded share
         self._parts = np.ones(len(nodes))
         self._repeat = np.ones(len(nodes))  # algorithm steps each send now stands for
@@ -465,8 +466,8 @@ class WhatIf:
                         src += [np.repeat(arrivals, len(firsts[i])), np.repeat(lasts[j], len(done))]
                         dst += [np.tile(firsts[i], len(arrivals)), np.tile(done, len(lasts[j]))]
         if src:
-            joined = pd.DataFrame({"src": np.concatenate(src).astype(np.int64), "dst": np.concatenate(dst).astype(np.int64),
-                                   "lag_ns": 0.0, "kind": "join"})
+            joined = pd.DataFrame({"src": np.concatenate(src).astype(np.int64),
+                                   "dst": np.concatenate(dst).astype(np.int64), "lag_ns": 0.0, "kind": "join"})
             self.edges = pd.concat([self.edges, joined], ignore_index=True)
         return self
 
@@ -559,10 +560,10 @@ class WhatIf:
         return hit.iloc[0]
 
     def _send_model_ns(self, sends: np.ndarray) -> np.ndarray:
-        return np.array([self.model[self._model_of[int(v)]].time_ns(self._bytes[v] * self._share[v] / self._class_rate[v],
-                                                                       self._bandwidth[v] * self._rate[v],
+        nbytes = self._bytes[sends] * self._share[sends] / self._class_rate[sends]
+        return np.array([self.model[self._model_of[int(v)]].time_ns(b, self._bandwidth[v] * self._rate[v],
                                                                        self._parts[v])
-                         for v in sends], np.float64) * self._repeat[sends]
+                         for v, b in zip(sends, nbytes)], np.float64) * self._repeat[sends]
 
     def _timing(self, sends: np.ndarray) -> np.ndarray:
         """What a send's time depends on: bytes, bandwidth, pieces, steps, added time."""

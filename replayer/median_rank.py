@@ -17,8 +17,7 @@ onto one rank that stands for all of them:
 Replayed, the folded graph gives every rank the median rank's times, with as many times fewer
 nodes as there are ranks; stragglers, skew between ranks and a tree's uneven depths are gone (a
 collective ends on every rank when its last step ends, each rank's own end lasting the median
-rank's). What that costs a prediction is
-measured by the search's switch (:class:`dpro.optimizer.search.Tricks`).
+rank's). What that costs a prediction is measured by the search's switch (:class:`dpro.optimizer.search.Tricks`).
 
     >>> folded = median_rank(graph)                               # doctest: +SKIP
     >>> replay = folded.unfold(Replayer(folded.graph).replay(folded.fold(durations)))  # doctest: +SKIP
