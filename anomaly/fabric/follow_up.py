@@ -89,6 +89,7 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
         if not len(more.value):  # the check's time budget ran out
             break
         probes = Probes(probes.hosts, np.r_[probes.src, more.src], np.r_[probes.dst, more.dst],
-                        np.r_[probes.round, more.round], np.r_[probes.value, more.value], probes.higher_is_better)
+                        np.r_[probes.round, more.round], np.r_[probes.value, more.value], probes.higher_is_better,
+                        probes.both_ways)
         added += len({(min(a, b), max(a, b)) for a, b in zip(more.src.tolist(), more.dst.tolist())})
     return probes, added

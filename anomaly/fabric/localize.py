@@ -9,7 +9,12 @@ slows every link leaving it). The prober cannot see which equal-cost path a prob
 probe *may* cross the components on any of its shortest paths. Components that every probe may
 cross alike are one class: no probe can tell them apart. Where the routes are known (a
 :class:`~dpro.anomaly.fabric.routing.Routing` by destination: the fabric's own tables), a probe
-crosses the one path they give it.
+crosses the one path they give it. A pair probed both ways at once (``Probes.both_ways``) is
+slowed in both directions by a slow component on either path: each direction's TCP
+acknowledgements queue behind the other direction's data (on a 100 Mbit/s uplink of the routed
+namespace fabric, the directions that do not cross it measured 0.09 to 1.3 Gb/s while their
+partners crossed it, against 1.4 to 9.8 Gb/s for pairs clear of it). So such a probe may cross both paths' components, and a NIC
+named from them is slow in ``either`` direction.
 
 **Pooled evidence.** A fault of 10% hides in 10% of noise probe by probe, but not across the
 dozens of probes that may cross a link. Each probe's shortfall on a log scale is taken against
@@ -217,23 +222,33 @@ def _upper_spread(logs: np.ndarray) -> float:
 def _classes(topology: nx.MultiGraph, probes: Probes,
              routing: Routing | None = None) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray]:
     """The components every probe may cross alike, each class with the probes (indices); and
-    each probe's hop count. With ``routing``, a probe crosses only the path it gives."""
+    each probe's hop count. With ``routing``, a probe crosses only the path it gives; probed
+    ``both_ways``, it may be slowed on its partner's path too (its acknowledgements take it)."""
     graph = nx.Graph(topology)
     switches = {n for n, kind in topology.nodes(data="kind") if kind == "switch"}
     nics = {h: host_nic(topology, h) for h in probes.hosts}
     may: dict[Component, list[int]] = defaultdict(list)
     hops = np.zeros(len(probes.src), np.int64)
-    routed = _routed_switches(routing, probes) if routing is not None else None
+    routed = back = None
+    if routing is not None:
+        routed = _routed_switches(routing, probes.hosts, probes.src, probes.dst)
+        back = _routed_switches(routing, probes.hosts, probes.dst, probes.src)
+
+    def paths(p: int, s: int, d: int, forward: bool) -> list[list[str]]:
+        ends = nics[probes.hosts[s]], nics[probes.hosts[d]]
+        if routed is None or back is None:
+            return list(nx.all_shortest_paths(graph, *ends))
+        return [[ends[0], *(routed if forward else back)[p], ends[1]]]
+
     routes: dict[tuple[int, int], tuple[set[Component], int]] = {}  # a pair probed again: its paths once
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
         if (s, d) not in routes:
             crossed: set[Component] = set()
-            ends = nics[probes.hosts[s]], nics[probes.hosts[d]]
-            for path in ([[ends[0], *routed[p], ends[1]]] if routed is not None
-                         else nx.all_shortest_paths(graph, *ends)):
+            ways = paths(p, s, d, True)
+            for path in ways + (paths(p, d, s, False) if probes.both_ways else []):
                 crossed.update(zip(path, path[1:]))
                 crossed.update(n for n in path if n in switches)
-            routes[s, d] = crossed, len(path) - 1
+            routes[s, d] = crossed, len(ways[0]) - 1
         crossed, hops[p] = routes[s, d]
         for component in sorted(crossed, key=str):  # not the set's order: it follows the strings' hash seed
             may[component].append(p)
@@ -243,11 +258,12 @@ def _classes(topology: nx.MultiGraph, probes: Probes,
     return [(np.asarray(crossing), members) for crossing, members in grouped.items()], hops
 
 
-def _routed_switches(routing: Routing, probes: Probes) -> list[list[str]]:
-    """Per probe, the switches ``routing`` takes it through, routed all at once."""
+def _routed_switches(routing: Routing, hosts: list[str], src: np.ndarray, dst: np.ndarray) -> list[list[str]]:
+    """Per probe from ``hosts[src[i]]`` to ``hosts[dst[i]]``, the switches ``routing`` takes it
+    through, routed all at once."""
     index = {h: i for i, h in enumerate(routing.hosts)}
-    ids = np.array([index[h] for h in probes.hosts], np.int64)
-    _, switches = routing.route(ids[probes.src], ids[probes.dst])
+    ids = np.array([index[h] for h in hosts], np.int64)
+    _, switches = routing.route(ids[src], ids[dst])
     return [[routing.switches[k] for k in row if k >= 0] for row in switches.tolist()]
 
 
@@ -270,6 +286,9 @@ def _suspect(topology: nx.MultiGraph, members: list[Component], score: float, cr
     if kind(first) == "nic":
         nic = a if topology.nodes[a].get("kind") == "nic" else b
         host = next(n for n in topology[nic] if topology.nodes[n].get("kind") == "host")
-        evidence["direction"] = "sending" if a == nic else "receiving"
+        if (b, a) in members:  # probed both ways at once: no probe tells its directions apart
+            evidence["direction"] = "either"
+        else:
+            evidence["direction"] = "sending" if a == nic else "receiving"
         return Suspect("nic", nic, score, host=host, evidence=evidence)
     return Suspect("link", f"{a}->{b}", score, evidence=evidence)

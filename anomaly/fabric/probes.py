@@ -64,7 +64,9 @@ def round_robin(n: int) -> np.ndarray:
 @dataclass(frozen=True)
 class Probes:
     """Probe measurements: ``src``, ``dst`` (indices into ``hosts``), ``round`` (-1 if
-    unknown) and ``value``; ``higher_is_better`` for bandwidth, False for latency."""
+    unknown) and ``value``; ``higher_is_better`` for bandwidth, False for latency.
+    ``both_ways``: each pair's two directions ran at once, so a probe's acknowledgements queued
+    behind its partner's data, and a component slow on either direction's path slowed both."""
 
     hosts: list[str]
     src: np.ndarray
@@ -72,6 +74,7 @@ class Probes:
     round: np.ndarray
     value: np.ndarray
     higher_is_better: bool = True
+    both_ways: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.src)

@@ -83,7 +83,7 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
         rows = _probe_rounds(heads, rounds, first_round, elements, seconds, device, budget, cut, both_ways)
         return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
-                      rows[:, 3])
+                      rows[:, 3], both_ways=both_ways)
 
     schedule = _routed(routing, hosts) if routing is not None else None
     first = schedule(None) if schedule is not None else probe_rounds(len(heads), groups)
