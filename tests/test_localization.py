@@ -18,10 +18,12 @@ from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix, round_robin
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import to_json
+from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z
+from dpro.anomaly.fabric.follow_up import probe_adaptively
 from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.routing import paths
-from dpro.anomaly.fabric.schedule import disjoint_rounds
-from dpro.anomaly.fabric.topology import TopologyError, fat_tree, from_spec, hosts, read_topology
+from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
+from dpro.anomaly.fabric.topology import TopologyError, fat_tree, from_spec, hosts, probe_tiers, read_topology
 from dpro.cli.diagnose import diagnose as diagnose_command
 from dpro.graph.kineto import TraceTables, load_trace
 from dpro.graph.matching import match, rank_instances
@@ -220,6 +222,35 @@ def test_pairs_probed_both_ways_at_once_name_the_slow_direction_and_nothing_thei
         one_way = replace(probes, both_ways=False)
         extra += len(localize(topology, one_way, routing=routing)) > 1
     assert alone == 12 and extra >= 6, (alone, extra)
+
+
+def test_a_nic_masked_by_oversubscribed_uplinks_is_named_from_the_paths_within_its_leaf() -> None:
+    """Uplinks 2:1 oversubscribed: probes between leaves run at 50 Gb/s whatever their NICs,
+    so a NIC sending 15% slow shows only towards its leaf's 3 other hosts (5% noise). After the
+    follow-ups it is named sending on each of 8 seeds, and nothing else is: weighed on all its
+    paths, its 12 probes between leaves diluting those within its leaf, it was named on 13 of 30."""
+    spec = {"switches": [f"leaf{l}" for l in range(4)] + ["spine0", "spine1"],
+            "hosts": {f"h{i}": [] for i in range(16)},
+            "links": [[f"h{i}", f"leaf{i // 4}"] for i in range(16)]
+            + [[f"leaf{l}", f"spine{s}"] for l in range(4) for s in range(2)]}
+    topology = from_spec(spec)
+    names = hosts(topology)
+    tiers = [[t[h] for h in names] for t in probe_tiers(topology, names)]
+    slow = names.index("h5")
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+
+        def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+            rows = [(a, b, first_round + r) for r, pairs in enumerate(rounds) for x, y in pairs
+                    for a, b in ((x, y), (y, x))]
+            src, dst, number = (np.array(c) for c in zip(*rows))
+            same_leaf = src // 4 == dst // 4
+            value = np.where(same_leaf, 100.0, 50.0) * np.where(same_leaf & (src == slow), 0.85, 1.0)
+            return Probes(names, src, dst, number, value * rng.lognormal(0, 0.05, len(src)))
+
+        probes, _ = probe_adaptively(measure, topology, tiers, probe_rounds(len(names), tiers))
+        named = [(s.kind, s.name, s.evidence.get("direction")) for s in localize(topology, probes, z_class=FOLLOWED_Z)]
+        assert named == [("nic", "h5/nic0", "sending")], (seed, named)
 
 
 # --- stragglers --------------------------------------------------------------------------------
