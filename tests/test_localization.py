@@ -185,7 +185,7 @@ def _both_ways_through(slow: tuple[str, str], seed: int, both_ways: bool) -> tup
     """A leaf-spine (3 leaves of 4 hosts, 2 spines) routed by destination, every pair probed
     both ways at once on its schedule's rounds, ``slow`` (a directed link) at 100 Mbit/s of 5 Gb/s:
     the probes crossing it at 0.095 Gb/s; half their partners, whose acknowledgements queue
-    behind them, at 0.09 to 1.3 (as on the routed namespace fabric); noise of 40%."""
+    behind them, at 0.09 to 1.3 (6 of 16 were, on the routed namespace fabric); noise of 40%."""
     spec = {"switches": ["leaf0", "leaf1", "leaf2", "spine0", "spine1"],
             "hosts": {f"h{i}": [] for i in range(12)},
             "links": [[f"h{i}", f"leaf{i // 4}"] for i in range(12)]

@@ -11,9 +11,9 @@ cross alike are one class: no probe can tell them apart. Where the routes are kn
 :class:`~dpro.anomaly.fabric.routing.Routing` by destination: the fabric's own tables), a probe
 crosses the one path they give it. A pair probed both ways at once (``Probes.both_ways``) is
 slowed in both directions by a slow component on either path: each direction's TCP
-acknowledgements queue behind the other direction's data (on a 100 Mbit/s uplink of the routed
-namespace fabric, the directions that do not cross it measured 0.09 to 1.3 Gb/s while their
-partners crossed it, against 1.4 to 9.8 Gb/s for pairs clear of it). So such a probe may cross both paths' components, and a NIC
+acknowledgements queue behind the other direction's data (on the routed namespace fabric, the
+partners of the probes through a 100 Mbit/s uplink measured 0.09 to 8.0 Gb/s, 6 of 16 below
+1.3, against 1.75 to 9.8 Gb/s for every other probe). So such a probe may cross both paths' components, and a NIC
 named from them is slow in ``either`` direction.
 
 **Pooled evidence.** A fault of 10% hides in 10% of noise probe by probe, but not across the
