@@ -9,12 +9,12 @@ slows every link leaving it). The prober cannot see which equal-cost path a prob
 probe *may* cross the components on any of its shortest paths. Components that every probe may
 cross alike are one class: no probe can tell them apart. Where the routes are known (a
 :class:`~dpro.anomaly.fabric.routing.Routing` by destination: the fabric's own tables), a probe
-crosses the one path they give it. A pair probed both ways at once (``Probes.both_ways``) is
-slowed in both directions by a slow component on either path: each direction's TCP
+crosses the one path they give it. A pair probed both ways at once (``Probes.both_ways``) may
+be slowed in both directions by a slow component on either path: each direction's TCP
 acknowledgements queue behind the other direction's data (on the routed namespace fabric, the
 partners of the probes through a 100 Mbit/s uplink measured 0.09 to 8.0 Gb/s, 6 of 16 below
-1.3, against 1.75 to 9.8 Gb/s for every other probe). So such a probe may cross both paths' components, and a NIC
-named from them is slow in ``either`` direction.
+1.3, against 1.75 to 9.8 Gb/s for every other probe). So such a probe may cross both paths'
+components, and a NIC named from them is slow in ``either`` direction.
 
 **Pooled evidence.** A fault of 10% hides in 10% of noise probe by probe, but not across the
 dozens of probes that may cross a link. Each probe's shortfall on a log scale is taken against
@@ -144,13 +144,13 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         return pooled / bar, counted / z_count, max(pooled, counted)
 
     named: list[tuple[Suspect, float, np.ndarray]] = []
-    done: set[int] = set()  # a class named by one of its probe sets (all, or over paths not masked)
+    done: set[tuple[Component, ...]] = set()  # classes named by one of their probe sets (all, or not masked)
     while True:
         best, best_key, best_probes, best_score, best_margin = None, (False, 0.0), None, 0.0, 0.0
         for (crossing, members), bar in zip(classes, bars):
-            left = crossing[unexplained[crossing]]
-            if id(members) in done:
+            if tuple(members) in done:
                 continue
+            left = crossing[unexplained[crossing]]
             if len(left) < MIN_PROBES or float(shortfall[left].mean()) < min_effect:
                 continue
             pooled, counted, score = margins(left, crossing, bar)
@@ -161,10 +161,12 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
             break
         named.append((_suspect(topology, best, best_score, best_probes, shortfall), best_margin, best_probes))
         unexplained[best_probes] = False
-        done.add(id(best))
+        done.add(tuple(best))
     open_classes = []
-    for (crossing, _), bar in zip(classes, bars):
+    for (crossing, members), bar in zip(classes, bars):
         left = crossing[unexplained[crossing]]
+        if tuple(members) in done:  # named from its other probe set: in no doubt
+            continue
         if len(left) >= MIN_PROBES:
             open_classes.append((left, max(margins(left, crossing, bar)[:2])))
     return Weighed(named, open_classes, hops)
@@ -270,16 +272,17 @@ def _classes(topology: nx.MultiGraph, probes: Probes,
     nics = {h: host_nic(topology, h) for h in probes.hosts}
     may: dict[Component, list[int]] = defaultdict(list)
     hops = np.zeros(len(probes.src), np.int64)
-    routed = back = None
+    routed: dict[bool, list[list[str]]] = {}  # forward or back: each probe's switches
     if routing is not None:
-        routed = _routed_switches(routing, probes.hosts, probes.src, probes.dst)
-        back = _routed_switches(routing, probes.hosts, probes.dst, probes.src)
+        routed[True] = _routed_switches(routing, probes.hosts, probes.src, probes.dst)
+        if probes.both_ways:
+            routed[False] = _routed_switches(routing, probes.hosts, probes.dst, probes.src)
 
     def paths(p: int, s: int, d: int, forward: bool) -> list[list[str]]:
         ends = nics[probes.hosts[s]], nics[probes.hosts[d]]
-        if routed is None or back is None:
+        if not routed:
             return list(nx.all_shortest_paths(graph, *ends))
-        return [[ends[0], *(routed if forward else back)[p], ends[1]]]
+        return [[ends[0], *routed[forward][p], ends[1]]]
 
     routes: dict[tuple[int, int], tuple[set[Component], int]] = {}  # a pair probed again: its paths once
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):

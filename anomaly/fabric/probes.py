@@ -66,7 +66,7 @@ class Probes:
     """Probe measurements: ``src``, ``dst`` (indices into ``hosts``), ``round`` (-1 if
     unknown) and ``value``; ``higher_is_better`` for bandwidth, False for latency.
     ``both_ways``: each pair's two directions ran at once, so a probe's acknowledgements queued
-    behind its partner's data, and a component slow on either direction's path slowed both."""
+    behind its partner's data, and a component slow on either direction's path may slow both."""
 
     hosts: list[str]
     src: np.ndarray
