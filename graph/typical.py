@@ -414,7 +414,10 @@ def _rank_edges(nodes: pd.DataFrame, inner: pd.DataFrame, kernels: bool) -> list
         if call is not None:
             parent = index.get(call["parent_key"])
             if parent is not None:
-                edges.append((parent, i, lag_after_parent(parent, call["start_ns"] + call["dur_ns"]), "enqueue"))
+                # a call that returns only once its collective is done (FSDP's all-gathers and
+                # reduce-scatters over gloo) had enqueued it by the time the comm thread began it
+                enqueued_by = min(int(call["start_ns"] + call["dur_ns"]), int(measured_start[i]))
+                edges.append((parent, i, lag_after_parent(parent, enqueued_by), "enqueue"))
         for thread in cpu_threads:
             # judged within the template's own step: medians taken op by op need not keep
             # a waiter after the end of the collective it woke up for
