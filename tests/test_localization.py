@@ -226,6 +226,28 @@ def test_pairs_probed_both_ways_at_once_name_the_slow_direction_and_nothing_thei
     assert alone == 12 and extra >= 6, (alone, extra)
 
 
+def test_a_nic_slow_sending_is_named_either_way_when_its_pairs_ran_both_ways_at_once() -> None:
+    """Probed both ways at once, a NIC slow sending slows its partners' probes too (their
+    acknowledgements queue behind its data): no probe tells its two directions apart, so it is
+    named slow in ``either`` direction; and the follow-ups keep the probes' ``both_ways``."""
+    topology, routing, probes = _both_ways_through(("leaf0", "spine0"), 0, both_ways=True)
+    slow = routing.hosts.index("h5")
+    value = 5 * np.random.default_rng(1).lognormal(0, 0.05, len(probes.src))
+    value[(probes.src == slow) | (probes.dst == slow)] *= 0.5
+    probes = replace(probes, value=value)
+    [nic] = localize(topology, probes, routing=routing)
+    assert (nic.kind, nic.name, nic.evidence["direction"]) == ("nic", "h5/nic0", "either"), nic
+    one_way = localize(topology, replace(probes, both_ways=False), routing=routing)
+    assert {s.evidence.get("direction") for s in one_way if s.kind == "nic"} <= {"sending", "receiving"}
+
+    def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+        return replace(probes, round=probes.round + first_round)
+
+    followed, added = probe_adaptively(measure, topology, [], [[(0, 1)]], routing=routing, confirm=1e9,
+                                       schedule=lambda pairs: [pairs])  # the NIC confirmed again
+    assert added and followed.both_ways, added
+
+
 def test_a_nic_masked_by_oversubscribed_uplinks_is_named_from_the_paths_within_its_leaf() -> None:
     """Uplinks 2:1 oversubscribed: probes between leaves run at 50 Gb/s whatever their NICs,
     so a NIC sending 15% slow shows only towards its leaf's 3 other hosts (5% noise). After the
