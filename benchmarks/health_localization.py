@@ -207,7 +207,7 @@ def trial(case: Case, rng: np.random.Generator, size: float, noise: float, backg
     suspects = localize(case, probes)
     tally.seconds.append(time.perf_counter() - started)
     first = probes.round < len(case.rounds)
-    first_sweep = Probes(probes.hosts, probes.src[first], probes.dst[first], probes.round[first], probes.value[first])
+    first_sweep = probes.take(first)
     right = [fault is not None and finds(s, fault) for s in suspects]
     tally.kinds.append(kind_of(case.fabric, fault) if fault else "")
     tally.found.append(any(right))

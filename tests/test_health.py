@@ -127,7 +127,7 @@ def test_follow_up_probes_the_pairs_through_a_class_in_doubt_until_it_is_named()
     for seed in range(12):
         topology, probes, added = _adaptive(Fault("link", ("h6", "leaf1"), 0.10), 0.10, seed)
         first = probes.round < len(probe_rounds(16, [[t[h] for h in probes.hosts] for t in probe_tiers(topology, probes.hosts)]))
-        sweep = Probes(probes.hosts, probes.src[first], probes.dst[first], probes.round[first], probes.value[first])
+        sweep = probes.take(first)
         assert added <= 120, "at most one more sweep's pairs"
         again = ~first
         if added:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import networkx as nx
-import numpy as np
 
 from dpro.anomaly.fabric.localize import has_peers, weigh
 from dpro.anomaly.fabric.probes import Probes
@@ -88,8 +87,6 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
         more = measure(rounds, int(probes.round.max()) + 1)
         if not len(more.value):  # the check's time budget ran out
             break
-        probes = Probes(probes.hosts, np.r_[probes.src, more.src], np.r_[probes.dst, more.dst],
-                        np.r_[probes.round, more.round], np.r_[probes.value, more.value], probes.higher_is_better,
-                        probes.both_ways)
+        probes = probes.extended(more)
         added += len({(min(a, b), max(a, b)) for a, b in zip(more.src.tolist(), more.dst.tolist())})
     return probes, added

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +84,16 @@ class Probes:
             raise ProbeError("a probe names a host index outside the host list")
         if n and not (np.isfinite(self.value) & (self.value > 0)).all():
             raise ProbeError("probe values must be positive numbers")
+
+    def take(self, which: np.ndarray) -> Probes:
+        """The probes ``which`` selects (a mask or indices), with the same hosts and flags."""
+        return replace(self, src=self.src[which], dst=self.dst[which], round=self.round[which],
+                       value=self.value[which])
+
+    def extended(self, more: Probes) -> Probes:
+        """These probes and then ``more`` (probes of the same hosts), with these flags."""
+        return replace(self, src=np.r_[self.src, more.src], dst=np.r_[self.dst, more.dst],
+                       round=np.r_[self.round, more.round], value=np.r_[self.value, more.value])
 
 
 def from_matrix(matrix: np.ndarray, hosts: list[str] | None = None, higher_is_better: bool = True) -> Probes:
