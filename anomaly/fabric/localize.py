@@ -128,9 +128,10 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
         return Weighed([], [], np.zeros(0, np.int64))
     classes, hops = _classes(topology, probes, routing)
-    shortfall = _shortfall(probes, hops)
+    shortfall, typical = _shortfall(probes, hops)
     noise = max(_upper_spread(-shortfall), 1e-9)
-    classes += _unmasked(topology, classes, hops, _masked(probes, hops, noise))
+    masked = _masked(typical, noise) if probes.higher_is_better else np.zeros(0, np.int64)
+    classes += _unmasked(topology, classes, hops, masked)
     z = shortfall / noise
     weight = np.clip(z, -clip, clip)
     very_slow = z >= Z_SLOW
@@ -172,15 +173,11 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     return Weighed(named, open_classes, hops)
 
 
-def _masked(probes: Probes, hops: np.ndarray, noise: float) -> np.ndarray:
-    """The path lengths whose typical probe runs very slow (``Z_SLOW`` deviations of the noise)
-    against the fastest length's: held to a narrower link by design (oversubscribed uplinks), so
-    a NIC's fault smaller than the gap does not show on them. Bandwidth only."""
-    if not probes.higher_is_better:
-        return np.zeros(0, np.int64)
-    logs = np.log(probes.value)
-    typical = {length: _typical(logs[hops == length]) for length in np.unique(hops).tolist()
-               if (hops == length).sum() >= MIN_PEERS}
+def _masked(typical: dict[int, float], noise: float) -> np.ndarray:
+    """The path lengths whose typical probe (``typical``: per length, the log of its bandwidth)
+    runs very slow (``Z_SLOW`` deviations of the noise) against the fastest length's: held to a
+    narrower link by design (oversubscribed uplinks), so a NIC's fault smaller than the gap does
+    not show on them."""
     fastest = max(typical.values(), default=0.0)
     return np.array([length for length, t in typical.items() if fastest - t > Z_SLOW * noise], np.int64)
 
@@ -192,7 +189,7 @@ def _unmasked(topology: nx.MultiGraph, classes: list[tuple[np.ndarray, list[Comp
     and the longer paths' probes would only dilute them."""
     out = []
     for crossing, members in classes if len(masked) else []:
-        if any(isinstance(c, tuple) and any(topology.nodes[n].get("kind") == "nic" for n in c) for c in members):
+        if any(_component_kind(topology, c) == "nic" for c in members):
             keep = crossing[~np.isin(hops[crossing], masked)]
             if MIN_PROBES <= len(keep) < len(crossing):
                 out.append((keep, members))
@@ -238,19 +235,21 @@ def _normal_z(log_tail: float) -> float:
     return float(np.sqrt(-2.0 * log_tail - 2.0 * np.log(first) - np.log(2 * np.pi)))
 
 
-def _shortfall(probes: Probes, hops: np.ndarray) -> np.ndarray:
+def _shortfall(probes: Probes, hops: np.ndarray) -> tuple[np.ndarray, dict[int, float]]:
     """Each probe's shortfall on a log scale (``log(typical/value)`` for bandwidth) against the
     typical healthy probe of as many hops (of all probes, for fewer than ``MIN_PEERS`` of them):
     paths of different lengths may differ by design. Faults and other traffic only slow probes,
     and ECMP may send half a hop group through a fault, so the healthy probes are read from the
-    upper quartiles: the typical value is the 75th percentile less 0.674 of the spread."""
+    upper quartiles: the typical value is the 75th percentile less 0.674 of the spread. Also the
+    typical value (log scale) of each length with ``MIN_PEERS`` probes or more."""
     logs = np.log(probes.value) if probes.higher_is_better else -np.log(probes.value)
     centre = np.full(len(logs), _typical(logs))
-    for length in np.unique(hops):
+    typical: dict[int, float] = {}
+    for length in np.unique(hops).tolist():
         peers = hops == length
         if peers.sum() >= MIN_PEERS:
-            centre[peers] = _typical(logs[peers])
-    return centre - logs
+            centre[peers] = typical[length] = _typical(logs[peers])
+    return centre - logs, typical
 
 
 def _typical(logs: np.ndarray) -> float:
@@ -311,15 +310,17 @@ def _routed_switches(routing: Routing, hosts: list[str], src: np.ndarray, dst: n
     return [[routing.switches[k] for k in row if k >= 0] for row in switches.tolist()]
 
 
+def _component_kind(topology: nx.MultiGraph, c: Component) -> str:
+    """``switch``, ``nic`` (a NIC's access link, either way) or ``link``."""
+    if isinstance(c, str):
+        return "switch"
+    return "nic" if any(topology.nodes[n].get("kind") == "nic" for n in c) else "link"
+
+
 def _suspect(topology: nx.MultiGraph, members: list[Component], score: float, crossing: np.ndarray,
              shortfall: np.ndarray) -> Suspect:
-    def kind(c: Component) -> str:
-        if isinstance(c, str):
-            return "switch"
-        return "nic" if any(topology.nodes[n].get("kind") == "nic" for n in c) else "link"
-
     order = {"nic": 0, "link": 1, "switch": 2}
-    members = sorted(members, key=lambda c: (order[kind(c)], c if isinstance(c, tuple) else (c,)))
+    members = sorted(members, key=lambda c: (order[_component_kind(topology, c)], c if isinstance(c, tuple) else (c,)))
     first = members[0]
     evidence = {"probes": int(len(crossing)), "mean_shortfall_pct": round(float(-np.expm1(-shortfall[crossing].mean())) * 100, 1),
                 "same_as": [c if isinstance(c, str) else f"{c[0]}->{c[1]}" for c in members[1:]]}
@@ -327,7 +328,7 @@ def _suspect(topology: nx.MultiGraph, members: list[Component], score: float, cr
         return Suspect("switch", first, score, evidence=evidence)
     a, b = first
     evidence = {"from": a, "to": b, **evidence}
-    if kind(first) == "nic":
+    if _component_kind(topology, first) == "nic":
         nic = a if topology.nodes[a].get("kind") == "nic" else b
         host = next(n for n in topology[nic] if topology.nodes[n].get("kind") == "host")
         if (b, a) in members:  # probed both ways at once: no probe tells its directions apart
