@@ -19,8 +19,9 @@ forms (``benchmarks/testbed/job.py --form``):
   peak against the target's recorded one). The emulated layer splits ideally (``1/T`` of its
   held time, as the what-if assumes): what is scored is the calls' regrouping and resizing;
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
-  8 and 2 micro-batches (``--microbatches``; 8 also from the pair of the 4 and 2 micro-batch
-  recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
+  8 and 2 micro-batches (``--microbatches``, with the recording's probe steps at 2
+  micro-batches, :mod:`dpro.collectors.probe`, and without them, ``probe_steps=False``; 8 also
+  from the pair of the 4 and 2 micro-batch recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
   micro-batches and 1F1B the memory peak against their own recordings), and half the link rate.
 
 Every configuration is measured :data:`REPEATS` times without any profiler, interleaved (a round
@@ -121,9 +122,13 @@ def job_configs(seed: int, index: int) -> tuple[list[Config], list[Case]]:
              Case("tp: 4 ranks, 2x2 as 1x4", tp.name, f"{tag}-tp-1x4", {"tp_mesh": "1x4"}, memory=True),
              Case("pp: links 0.5x", pp.name, f"{tag}-pp-half", {"bandwidth_scale": 0.5}),
              Case("pp: 8 micro-batches", pp.name, f"{tag}-pp-8mb", {"microbatches": 8}, memory=True),
+             Case("pp: 8 micro-batches, without the probe steps", pp.name, f"{tag}-pp-8mb",
+                  {"microbatches": 8, "probe_steps": False}),
              Case("pp: 8 micro-batches, with the 2's recording", pp.name, f"{tag}-pp-8mb",
                   {"microbatches": 8, "microbatch_run": f"{tag}-pp-2mb"}),
-             Case("pp: 2 micro-batches", pp.name, f"{tag}-pp-2mb", {"microbatches": 2}),
+             Case("pp: 2 micro-batches (the probe's own count)", pp.name, f"{tag}-pp-2mb", {"microbatches": 2}),
+             Case("pp: 2 micro-batches, without the probe steps", pp.name, f"{tag}-pp-2mb",
+                  {"microbatches": 2, "probe_steps": False}),
              Case("pp: 1F1B", pp.name, f"{tag}-pp-1f1b", {"schedule": "1f1b"}, memory=True)]
     return configs, cases
 
@@ -183,7 +188,7 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
         if case.memory:
             source = RunAnalysis.open(root / case.source)
             memory = rank_memory(source)
-            settings = {MEMORY_SETTINGS[k]: v for k, v in case.change.items()}
+            settings = {MEMORY_SETTINGS[k]: v for k, v in case.change.items() if k in MEMORY_SETTINGS}
             estimate = strategy_memory_bytes(settings, memory, source.ddp_layout, source.parallelism)
             recorded = max(m.peak_bytes for m in memory.values())
             peak = max(m.peak_bytes for m in rank_memory(RunAnalysis.open(root / case.target)).values())
@@ -265,7 +270,7 @@ def summary(result: dict, label: str) -> list[dict]:
                 max(abs(c["no_change_pct"]) for c in cs), f"<= {GOAL_MAX:g}", max(errors) <= GOAL_MAX),
             row(f"changes >= 10%: error <= half no change's (of {len(large)})", halved, len(large),
                 f"{len(large)} of {len(large)}", bool(large) and halved == len(large)),
-            row(f"stated ranges (micro-batches from one recording): the measured step inside (of {len(ranged)}; "
+            row(f"stated ranges (micro-batches without probe steps): the measured step inside (of {len(ranged)}; "
                 f"median width {width:.0f}% of the low end)",
                 sum(c["inside_range"] for c in ranged), len(ranged), f"{len(ranged)} of {len(ranged)}",
                 bool(ranged) and all(c["inside_range"] for c in ranged)),
@@ -282,7 +287,7 @@ def print_seed(result: dict) -> None:
     print(table([("source", "form", "measured ms", "replayed ms", "error %")] + [
         (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}")
         for r in result["replays"]]))
-    print("\nwhat-ifs (range: what one recording allows, where the ops' fixed cost decides)")
+    print("\nwhat-ifs (range: what one recording without probe steps allows, where the ops' fixed cost decides)")
     print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %",
                   "range ms")] + [
         (f"{c['case']} ({c['source']})", f"{c['source_ms']:.1f}", f"{c['measured_ms']:.1f}",

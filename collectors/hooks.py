@@ -11,7 +11,9 @@ from 0), or when the script calls :func:`dpro.step`, which, once called, takes o
 optimizer hook. Step 0 begins somewhere in the script's setup, so its start is not recorded.
 
 Every hook catches its own failure, writes it to the rank's ``errors.log`` and, if the failure
-leaves dpro in an unknown state, turns dpro off for this process: the training goes on.
+leaves dpro in an unknown state, turns dpro off for this process: the training goes on. A
+pipeline's micro-batch probe (:mod:`dpro.collectors.probe`) switches on its steps even then, as
+every other rank does.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import time
 import traceback
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dpro.collectors.apply import Applier, from_environment
 from dpro.collectors.losses import loss, report_loss
-from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS,
-                             STEPS_FILE, TRACE_FILE, early_errors_file, rank_dir, write_json_atomic)
+from dpro.collectors.probe import ENV_PROBE, PROBE_STEPS, MicrobatchProbe
+from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, PROBE_COLLECTIVES_FILE,
+                             PROBE_FILE, PROBE_TRACE_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS, STEPS_FILE, TRACE_FILE,
+                             early_errors_file, rank_dir, write_json_atomic)
 
 ENV_RUN_DIR = "DPRO_RUN_DIR"
 ENV_SKIP = "DPRO_SKIP"
@@ -51,19 +55,28 @@ class _Window:
     events (kept out of the window: both cost). The step between lets the job's other threads
     finish the window's last ops with no profiler running: a profiler started as the window's
     stopped crashed the process in Kineto when it stopped (``GenericActivityProfiler::processCpuTrace``, torch 2.13 on CPU
-    with gloo: 5 recordings of 80; none of 120 with the step between)."""
+    with gloo: 5 recordings of 80; none of 120 with the step between).
+
+    A pipeline's probe (:mod:`dpro.collectors.probe`) follows: the step after the shapes step
+    switches its micro-batch count (and keeps the profilers apart), the next
+    :data:`~dpro.collectors.probe.PROBE_STEPS` are profiled, the one after them switches back."""
 
     def __init__(self, skip: int, warmup: int, steps: int) -> None:
         self.first = skip
         self.recorded = skip + warmup
         self.end = skip + warmup + steps
         self.shapes = self.end + 1
+        self.probe_switch = self.shapes + 1
+        self.probe = self.probe_switch + 1
+        self.probe_end = self.probe + PROBE_STEPS  # runs at the job's count again
 
-    def phase(self, step: int) -> str:
+    def phase(self, step: int, probed: bool = False) -> str:
         if self.first <= step < self.recorded:
             return "warmup"
         if self.recorded <= step < self.end:
             return "profiled"
+        if probed and self.probe_switch <= step <= self.probe_end:
+            return "probe"
         return "shapes" if step == self.shapes else ""
 
     def schedule(self, step: int) -> Any:
@@ -79,11 +92,18 @@ class _Window:
 class _Recorder:
     """The state of dpro in one process of the job."""
 
-    def __init__(self, run_dir: Path, window: _Window, calibrate: bool = True, applier: Applier | None = None) -> None:
+    def __init__(self, run_dir: Path, window: _Window, calibrate: bool = True, applier: Applier | None = None,
+                 probe: bool = True) -> None:
         self.run_dir = run_dir
         self.applier = applier
         self.window = window
         self.calibrate = calibrate
+        self.probe_wanted = probe
+        self.probe: MicrobatchProbe | None = None  # the pipeline's, while its probe steps run
+        self.probed = False  # whether its probe steps ran (their phase in steps.csv)
+        self.probe_profiler: Any = None
+        self.probe_start_ns = 0
+        self.steps_ended = 0  # counted whether or not dpro records in this process: the probe switches by it
         self.calibration: dict[str, Any] = {}
         self.lock = threading.RLock()
         self.enabled = True
@@ -184,7 +204,7 @@ class _Recorder:
             # The job closed dpro's files (and the number now names another file): it may
             # have closed the profiler's too, so dpro stops here rather than start it.
             raise RuntimeError("the job closed or replaced dpro's steps.csv descriptor")
-        phase = self.window.phase(self.step)
+        phase = self.window.phase(self.step, probed=self.probed)
         start = "" if self.step_start_ns is None else str(self.step_start_ns)
         try:
             os.write(self.steps_fd, f"{self.step},{start},{now},{phase}\n".encode())
@@ -198,7 +218,7 @@ class _Recorder:
 
             if self.step == self.window.first:
                 self.run_calibration("profiler", lambda: calibration.profiler_cost(self.new_profiler))
-                if self.room_for_window():
+                if self.room_for_window(self.window.end - self.window.recorded + 2):  # the shapes step records about twice a step's events
                     self.start_profiler()
             elif self.profiler is not None:
                 self.profiler.step()
@@ -222,8 +242,67 @@ class _Recorder:
         except Exception as e:  # the profiler failed: keep timing steps without it
             self.drop_profilers()
             self.log_error(f"torch.profiler at step {self.step}", e)
+        try:
+            self.profile_probe()
+        except Exception as e:  # the probe's trace is lost; its count switches back on time all the same
+            self.drop_profilers()
+            self.log_error(f"profiling the micro-batch probe at step {self.step}", e)
         finally:
             self.step_start_ns = time.time_ns()  # what dpro did here belongs to no step
+
+    def switch_probe(self) -> None:
+        """Switch a pipeline's micro-batch count for its probe steps and back
+        (:mod:`dpro.collectors.probe`): called at every step's end, whether or not dpro records
+        in this process (a rank that did not switch would stop the job at its next send)."""
+        self.steps_ended += 1
+        w = self.window
+        if self.steps_ended == w.probe_switch and self.probe_wanted:
+            self.probe = MicrobatchProbe.find()
+            if self.probe is not None:
+                self.probe.switch()
+                self.probed = True
+        elif self.steps_ended == w.probe_end and self.probe is not None:
+            self.probe.restore()
+            self.probe = None
+
+    def profile_probe(self) -> None:
+        """Profile the probe steps (run after :meth:`switch_probe`'s switch, before it switches back)."""
+        if self.step == self.window.probe and self.probe is not None:
+            if self.room_for_window(PROBE_STEPS, PROBE_TRACE_FILE):
+                self.probe_start_ns = time.time_ns()
+                self.probe_profiler = self.start_window_profiler(
+                    self.probe_action, lambda p: self.export(p, PROBE_TRACE_FILE))
+        elif self.probe_profiler is not None:
+            if self.step < self.window.probe_end:
+                self.probe_profiler.step()
+            else:
+                profiler, self.probe_profiler = self.probe_profiler, None
+                self.end_probe(profiler)
+
+    def probe_action(self, step: int) -> Any:
+        from torch.profiler import ProfilerAction
+
+        w = self.window
+        if not w.probe <= step < w.probe_end:
+            return ProfilerAction.NONE
+        return ProfilerAction.RECORD_AND_SAVE if step == w.probe_end - 1 else ProfilerAction.RECORD
+
+    def end_probe(self, profiler: Any) -> None:
+        """Save the probe steps' trace (the profiler's last transition), their collectives and ``probe.json``."""
+        from dpro.collectors import calibration, collective_log
+
+        assert self.rank_dir is not None and self.probe is not None
+        try:
+            profiler.step()
+        finally:
+            calibration.release(profiler)
+        try:
+            collective_log.dump(self.rank_dir / PROBE_COLLECTIVES_FILE, self.probe_start_ns)
+        except Exception as e:
+            self.log_error("writing the probe steps' collective log", e)
+        w = self.window
+        write_json_atomic(self.rank_dir / PROBE_FILE, self.probe.report(list(range(w.probe, w.probe_end))),
+                          parents=False)
 
     def dump_collective_log(self) -> None:
         """Write the window's collectives and sends with their groups and peers
@@ -263,12 +342,17 @@ class _Recorder:
         except OSError as e:  # the metadata of the job's start stays; the window goes on
             self.log_error(f"rewriting {META_FILE}", e, file=self.own_file(META_FILE))
         self.window_start_ns = time.time_ns()
-        profiler = self.new_profiler(schedule=self.window.schedule, on_trace_ready=self.save_trace)
-        profiler.start()
-        for _ in range(self.step):  # the schedule says NONE before the window: nothing is recorded
-            profiler.step()
-        self.profiler = profiler
+        self.profiler = self.start_window_profiler(self.window.schedule, self.save_trace)
         self.catch_sigterm()
+
+    def start_window_profiler(self, schedule: Callable[[int], Any], on_trace_ready: Callable[[Any], None]) -> Any:
+        """A profiler started on ``schedule``, stepped to this process's step so that its
+        ``ProfilerStep#n`` is the step ``n`` (the schedule says NONE before: nothing is recorded)."""
+        profiler = self.new_profiler(schedule=schedule, on_trace_ready=on_trace_ready)
+        profiler.start()
+        for _ in range(self.step):
+            profiler.step()
+        return profiler
 
     def new_profiler(self, **options: Any) -> Any:
         """A torch.profiler configured as dpro records (not started): CPU and, where present, CUDA
@@ -283,14 +367,14 @@ class _Recorder:
     def save_trace(self, profiler: Any) -> None:
         self.export(profiler, TRACE_FILE)
 
-    def room_for_window(self) -> bool:
-        """Whether the window's traces fit on the run's disk, as the calibration's count of a
-        step's events estimates them (no estimate without the calibration: the export checks
-        again with the events it has). Without room the window is skipped and the loss told."""
+    def room_for_window(self, steps: int, name: str = TRACE_FILE) -> bool:
+        """Whether ``steps`` profiled steps' traces fit on the run's disk, as the calibration's
+        count of a step's events estimates them (no estimate without the calibration: the
+        export checks again with the events it has). Without room they are skipped and the
+        loss of ``name`` told."""
         counts = (self.calibration.get("profiler") or {})
         per_step = sum(int((counts.get(k) or {}).get("events") or 0) for k in ("forward", "backward"))
-        steps = self.window.end - self.window.recorded + 2  # the shapes step records about twice a step's events
-        file = self.own_file(TRACE_FILE)
+        file = self.own_file(name)
         try:
             short = self.short_of_room(2 * per_step * steps)  # the optimizer's and the step's own events besides
         except OSError as e:  # the rank's folder removed
@@ -349,8 +433,8 @@ class _Recorder:
         garbage collector can crash the process: :func:`dpro.collectors.calibration.release`)."""
         from dpro.collectors import calibration
 
-        profilers = [p for p in (self.profiler, self.shapes_profiler) if p is not None]
-        self.profiler = self.shapes_profiler = None
+        profilers = [p for p in (self.profiler, self.shapes_profiler, self.probe_profiler) if p is not None]
+        self.profiler = self.shapes_profiler = self.probe_profiler = None
         self.restore_sigterm()
         for profiler in profilers:
             try:
@@ -364,13 +448,20 @@ class _Recorder:
 
     def close_profiler(self, save: bool) -> None:
         """Stop a profiler still running (job ending inside the window), saving what it has; the
-        shapes step's is stopped and dropped."""
+        shapes step's and the probe's are stopped and dropped (a probe cut short is not kept)."""
         shapes, self.shapes_profiler = self.shapes_profiler, None
         if shapes is not None:
             try:
                 shapes.stop()
             except Exception as e:
                 self.log_error("stopping the shapes step's profiler", e)
+        probe, self.probe_profiler = self.probe_profiler, None
+        if probe is not None:
+            try:
+                probe.on_trace_ready = None
+                probe.stop()
+            except Exception as e:
+                self.log_error("stopping the probe steps' profiler", e)
         profiler, self.profiler = self.profiler, None
         if profiler is None:
             return
@@ -441,23 +532,48 @@ def _guarded(where: str):
     return decorate
 
 
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    rec = _recorder
+    if rec is None:
+        return
+    if rec.step_owner is None:
+        rec.step_owner = id(optimizer)
+    _track_optimizer(optimizer)
+    if rec.step_owner == id(optimizer):
+        _end_step()
+        _switch_probe(rec)
+
+
 @_guarded("optimizer step hook")
-def _on_optimizer_step(rec: _Recorder, optimizer: Any, args: Any, kwargs: Any) -> None:
+def _track_optimizer(rec: _Recorder, optimizer: Any) -> None:
     try:
         rec.optimizers.add(optimizer)
     except TypeError:  # an optimizer that cannot be weakly referenced: its state goes unmeasured
         pass
-    if rec.step_owner is None:
-        rec.step_owner = id(optimizer)
-    if rec.step_owner == id(optimizer):
-        rec.end_step()
 
 
-@_guarded("dpro.step()")
-def user_step(rec: _Recorder) -> None:
+def user_step() -> None:
     """End a step (called by :func:`dpro.step`)."""
+    rec = _recorder
+    if rec is None:
+        return
     rec.step_owner = "user"
+    _end_step()
+    _switch_probe(rec)
+
+
+@_guarded("ending a step")
+def _end_step(rec: _Recorder) -> None:
     rec.end_step()
+
+
+def _switch_probe(rec: _Recorder) -> None:
+    """:meth:`_Recorder.switch_probe`, whether or not dpro records in this process; a failure is logged."""
+    try:
+        with rec.lock:
+            rec.switch_probe()
+    except Exception as e:
+        rec.log_error("switching the micro-batch probe", e)
 
 
 @_guarded("attaching after torch.distributed.init_process_group")
@@ -557,7 +673,7 @@ def install() -> None:
     window = _Window(int(os.environ.get(ENV_SKIP, 10)), int(os.environ.get(ENV_WARMUP, 2)),
                      int(os.environ.get(ENV_STEPS, 5)))
     _recorder = _Recorder(run_dir, window, calibrate=os.environ.get(ENV_CALIBRATE, "1") != "0",
-                          applier=from_environment())
+                          applier=from_environment(), probe=os.environ.get(ENV_PROBE, "1") != "0")
     if "torch" in sys.modules:
         _on_torch_imported(sys.modules["torch"])
     else:

@@ -30,6 +30,7 @@ from dpro.collectors.gpu import GpuSampler
 from dpro.collectors.job_output import StderrFilter
 from dpro.collectors.losses import ENV_REPORT_SOCKET, LossListener, loss
 from dpro.collectors.metadata import ENV_NODE
+from dpro.collectors.probe import ENV_PROBE
 from dpro.errors import DproError
 from dpro.run_format import (CONNECTIONS_FILE, COUNTERS_END_FILE, COUNTERS_START_FILE, GPU_SAMPLES_FILE, JOB_STDERR_FILE,
                              NCCL_LOG_PATTERN, NODE_FILE, RunFormatError, create_manifest, is_run_dir, nccl_dir, new_manifest, node_dir,
@@ -55,6 +56,7 @@ class RecordOptions:
     gpu_interval_s: float = 0.1
     sysfs_root: str | None = None
     calibrate: bool = True
+    probe: bool = True  # a pipeline's probe steps at half its micro-batches (dpro record --no-probe)
     apply: dict[str, Any] | None = None  # a strategy file's content (dpro record --apply)
     verbose: bool = False  # the job's stderr unfiltered (else the profiler's messages go to the node's log)
     strict: bool = False  # a failure to save fails the recording (dpro record --strict-record)
@@ -85,19 +87,30 @@ def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
         else:
             raise RecordError(f"{out} exists and is not empty; use --force to replace it, or --join "
                               f"to add this node to a run being recorded")
-    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate", "apply")
+    options = {k: v for k, v in asdict(opts).items() if k in ("skip", "warmup", "steps", "calibrate", "probe", "apply")
                and v is not None}
     return create_manifest(out, new_manifest(command, options, time.time_ns()))
 
 
 def _check_same_strategy(manifest: dict[str, Any], opts: RecordOptions) -> None:
     """Every node of a job applies the same strategy (ranks whose buckets or hooks differ would
-    hang in their first all-reduce): a node joining a run with another ``--apply`` is refused."""
-    theirs = ((manifest.get("options") or {}).get("apply") or {}).get("settings")
+    hang in their first all-reduce): a node joining a run with another ``--apply`` is refused, and
+    one with another window or ``--no-probe`` (a pipeline's probe steps would not line up)."""
+    options = manifest.get("options") or {}
+    theirs = (options.get("apply") or {}).get("settings")
     ours = (opts.apply or {}).get("settings")
     if theirs != ours:
         raise RecordError(f"the run's other nodes apply {theirs or 'no strategy'}, this node {ours or 'none'}: "
                           "give every node the same --apply")
+    if options.get("probe", True) != opts.probe:  # a pipeline's ranks switch micro-batches together, or stop
+        raise RecordError(f"the run's other nodes record {'with' if options.get('probe', True) else 'without'} the "
+                          "micro-batch probe: give every node the same --no-probe")
+    if opts.probe:
+        for name in ("skip", "warmup", "steps"):
+            if name in options and options[name] != getattr(opts, name):
+                raise RecordError(f"the run's other nodes record with --{name} {options[name]}, this node "
+                                  f"{getattr(opts, name)}: give every node the same window (a pipeline's ranks "
+                                  "switch micro-batches for the probe at the same step)")
 
 
 def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[str, str], str]:
@@ -108,6 +121,7 @@ def child_environment(opts: RecordOptions, base: dict[str, str]) -> tuple[dict[s
     env[hooks.ENV_SKIP], env[hooks.ENV_WARMUP], env[hooks.ENV_STEPS] = (
         str(opts.skip), str(opts.warmup), str(opts.steps))
     env[hooks.ENV_CALIBRATE] = "1" if opts.calibrate else "0"
+    env[ENV_PROBE] = "1" if opts.probe else "0"
     if opts.apply is not None:
         env[ENV_APPLY] = json.dumps(opts.apply["settings"])
     if opts.sysfs_root:

@@ -16,6 +16,8 @@ This module alone knows where things live in a run directory (see ``docs/run-for
       ranks/<rank>/calibration.json the profiler's cost per event, the job's collectives timed
       ranks/<rank>/collectives.json the window's collectives with their process groups, and its
                                     sends and receives with their peers (what gloo's traces omit)
+      ranks/<rank>/trace-probe.json.gz, collectives-probe.json, probe.json  a pipeline's probe
+                                    steps at half its micro-batches, their log and count
       ranks/<rank>/errors.log       failures of dpro's hooks in this rank (the job went on)
       nccl/<host>.<pid>.log         NCCL_DEBUG=INFO output, when NCCL is used
       derived/                      caches of the analysis (rebuilt whenever their inputs change)
@@ -34,7 +36,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,17 +48,19 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMAT_NAME = "dpro-run"
-FORMAT_VERSION = "1.3"
+FORMAT_VERSION = "1.4"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
-DPRO_PHASES = ("warmup", "shapes", "export")
+DPRO_PHASES = ("warmup", "shapes", "probe", "export")
 """Phases of ``steps.csv`` whose extra time is dpro's own: the profiler's warm-up, the step
-profiled with shapes, and (format 1.0) the step that exported the trace."""
+profiled with shapes, a pipeline's probe steps at another micro-batch count
+(:mod:`dpro.collectors.probe`), and (format 1.0) the step that exported the trace."""
 
 # file names inside a rank's and a node's directory
 META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE, ERRORS_FILE, CALIBRATION_FILE = (
     "meta.json", "steps.csv", "clock.json", "trace.json.gz", "errors.log", "calibration.json")
 SHAPES_TRACE_FILE = "trace-shapes.json.gz"
+PROBE_FILE, PROBE_TRACE_FILE, PROBE_COLLECTIVES_FILE = "probe.json", "trace-probe.json.gz", "collectives-probe.json"
 COLLECTIVES_FILE = "collectives.json"
 NODE_FILE, COUNTERS_START_FILE, COUNTERS_END_FILE = "node.json", "counters-start.json", "counters-end.json"
 GPU_SAMPLES_FILE, CONNECTIONS_FILE = "gpu-samples.csv", "connections.csv"
@@ -451,6 +455,23 @@ class Run:
         path = self.rank_dir(rank) / SHAPES_TRACE_FILE
         return path if path.exists() else None
 
+    def probe_report(self, rank: int) -> dict[str, Any] | None:
+        """The rank's ``probe.json`` (its probe steps, their micro-batch count and the job's), if written."""
+        path = self.rank_dir(rank) / PROBE_FILE
+        return read_json(path) if path.exists() else None
+
+    def probe(self) -> ProbeRun | None:
+        """The pipeline's probe steps as a run of their own, where every rank with a trace
+        wrote their trace and ``probe.json`` at one count; None otherwise."""
+        traced = self.traced_ranks
+        reports = [self.probe_report(r) for r in traced]
+        if not traced or any(p is None or not (self.rank_dir(r) / PROBE_TRACE_FILE).exists()
+                             for r, p in zip(traced, reports)):
+            return None
+        if len({int(p["microbatches"]) for p in reports}) != 1:
+            return None
+        return ProbeRun(self.root, self.manifest)
+
     def nccl_logs(self) -> list[Path]:
         """The NCCL log files the job wrote."""
         d = nccl_dir(self.root)
@@ -471,6 +492,49 @@ class Run:
         if may_write(inside):
             return inside
         return user_cache_dir() / "runs" / hashlib.sha1(str(self.root.resolve()).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ProbeRun(Run):
+    """A pipeline run's probe steps read as a run of their own (:mod:`dpro.collectors.probe`):
+    their trace and collective log, every rank's pipeline at the probe's micro-batch count, the
+    probe steps the profiled ones (the window's are ``window``), their analysis cached apart."""
+
+    def trace_path(self, rank: int) -> Path | None:
+        path = self.rank_dir(rank) / PROBE_TRACE_FILE
+        return path if path.exists() else None
+
+    def collective_log_path(self, rank: int) -> Path | None:
+        path = self.rank_dir(rank) / PROBE_COLLECTIVES_FILE
+        return path if path.exists() else None
+
+    def shapes_trace_path(self, rank: int) -> Path | None:
+        return None  # the shapes step ran at the job's count
+
+    def rank_meta(self, rank: int) -> RankMeta:
+        meta = super().rank_meta(rank)
+        probe = self.probe_report(rank)
+        if probe is None or not meta.parallel.pipeline:
+            return meta
+        pipeline = tuple({**p, "microbatches": int(probe["microbatches"])} for p in meta.parallel.pipeline)
+        return replace(meta, parallel=replace(meta.parallel, pipeline=pipeline))
+
+    def steps(self, rank: int) -> pd.DataFrame:
+        df = super().steps(rank)
+        probed = set((self.probe_report(rank) or {}).get("steps") or ())
+        phase = df["phase"].where(df["phase"] != "profiled", "window")
+        df["phase"] = phase.where(~df["step"].isin(probed), "profiled")
+        return df
+
+    def analysis_inputs(self) -> list[Path]:
+        files = [self.root / MANIFEST]
+        for rank in self.ranks:
+            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, PROBE_TRACE_FILE,
+                                                               CALIBRATION_FILE, PROBE_COLLECTIVES_FILE, PROBE_FILE)]
+        return [f for f in files + self.nccl_logs() if f.exists()]
+
+    def derived_dir(self) -> Path:
+        return super().derived_dir() / "probe"
 
 
 def _rank_list(ranks: list[int]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from dpro.graph.typical import _split_at_waits
 from dpro.replayer.breakdown import breakdown, rank_critical_path
 from dpro.replayer.pipeline import StageCost, stage_order, step_ns
 
-from .conftest import ROOT, TORCHRUN, assert_one_line_error, dpro
+from .conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 PARALLEL = ROOT / "examples" / "train_parallel.py"
 SMALL = ["--steps", "10", "--layers", "2", "--d-model", "64", "--seq-len", "32"]
@@ -54,7 +55,8 @@ def tp_flat_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pp_run(tmp_path_factory) -> Path:
-    return _record(tmp_path_factory, "pp", 2, "--microbatches", "4")
+    """The 2-stage pipeline at 4 micro-batches, run long enough for its probe steps (9 and 10 at 2)."""
+    return _record(tmp_path_factory, "pp", 2, "--microbatches", "4", "--steps", "12")
 
 
 @pytest.fixture(scope="module")
@@ -577,6 +579,46 @@ def test_microbatch_and_schedule_whatifs_start_from_the_recorded_pipeline(pp_run
     assert out.returncode == 0 and "pipeline: gpipe × 4 micro-batches -> 1f1b × 4" in out.stdout, out.stderr
     assert_one_line_error(dpro("whatif", pp_run, "--microbatches", "8", "--microbatch-run", pp_run),
                           "both recordings", "4 micro-batches")
+
+
+def test_a_pipeline_s_probe_steps_run_at_half_its_micro_batches_and_fix_its_passes_fixed_cost(pp_run: Path) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+    from dpro.run_format import open_run
+
+    run = open_run(pp_run)
+    assert run.probe_report(0) == {"steps": [9, 10], "microbatches": 2, "recorded_microbatches": 4,
+                                   "schedule": "ScheduleGPipe"}
+    steps = run.steps(0)
+    assert steps.loc[steps["phase"] == "probe", "step"].tolist() == [8, 9, 10, 11], "the switches' steps too"
+    probe = RunAnalysis(run.probe())
+    assert probe.parallelism.pipeline["microbatches"] == 2
+    forwards = probe.graph.nodes.query("rank == 0")["name"].astype(str).str.fullmatch(r"Forward \d+")
+    assert forwards.sum() == 2, "the probe's typical step runs 2 micro-batches' forward ranges"
+    assert RunAnalysis.open(pp_run).unprofiled_steps["step"].isin([8, 9, 10, 11]).sum() == 0, \
+        "the probe's steps are not the job's"
+    model = CostModel(RunAnalysis.open(pp_run))
+    fitted = model.predict(Change(microbatches=8)).summary
+    assert fitted["pipeline"]["fitted"] and "probe steps at 2" in fitted["pipeline"]["fixed_from"]
+    assert fitted["predicted_range_ms"][0] == fitted["predicted_range_ms"][1], "two counts: a point, not a range"
+    alone = model.predict(Change(microbatches=8, probe_steps=False)).summary
+    assert not alone["pipeline"]["fitted"] and alone["predicted_range_ms"][0] < alone["predicted_range_ms"][1]
+    out = dpro("whatif", pp_run, "--microbatches", "8")
+    assert out.returncode == 0 and "from the run's probe steps at 2 micro-batches" in out.stdout, out.stderr
+    assert_one_line_error(dpro("whatif", pp_run, "--without-probe"), "--without-probe", "--microbatches")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_the_probe_s_switch_leaves_the_job_s_losses_and_parameters_as_they_were(schedule: str) -> None:
+    def run(*extra: str) -> list[str]:
+        ran = subprocess.run([*TORCHRUN, "--nproc-per-node=2", JOBS / "pipeline_probe.py", "--schedule", schedule,
+                              *extra], capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr
+        return sorted(line for line in ran.stdout.splitlines() if line.startswith(("step", "rank")))
+
+    plain, probed = run(), run("--probe")
+    assert [line for line in probed if "micro-batches 2" in line][0].startswith("step 3")
+    assert len([line for line in probed if "micro-batches 2" in line]) == 2, "steps 3 and 4 at half the count"
+    assert [line.replace("micro-batches 2", "micro-batches 4") for line in probed] == plain
 
 
 def test_a_backward_pass_on_a_device_thread_is_joined_around_an_op_that_spans_it() -> None:

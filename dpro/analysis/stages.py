@@ -17,9 +17,10 @@ is that op's (the graph keeps it on the wait's edge), but after the last backwar
 stage waits for its sends to be delivered (:mod:`dpro.replayer.pipeline` replays that wait). Their fixed part,
 what a smaller micro-batch would not save, is the time between ops and, of every op, what an op
 that does no work takes on that rank (the median view op, :func:`~dpro.analysis.cpu_ops.view_op_ns`);
-what a kernel or a custom op spends whatever its input's size is not seen in one recording, so
-more micro-batches are predicted to cost less than they do where that is large. A second
-recording of the same job at another micro-batch count shows it (:func:`fixed_shares`). A
+what a kernel or a custom op spends whatever its input's size is not seen at one micro-batch
+count, so more micro-batches are predicted to cost less than they do where that is large. A
+second count shows it (:func:`fixed_shares`): the run's own probe steps at half its
+micro-batches (:mod:`dpro.collectors.probe`), or a second recording of the same job. A
 send's fixed part is what it took beyond its bytes at the link's measured rate (the
 calibration's TCP streams).
 """

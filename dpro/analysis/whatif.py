@@ -123,6 +123,7 @@ class Change:
     microbatches: int | None = None  # a pipeline's, the same batch per step
     schedule: str | None = None  # a pipeline's: gpipe | 1f1b
     microbatch_run: str | None = None  # a recording of the same pipeline at another micro-batch count
+    probe_steps: bool | None = None  # False: the run's probe steps left out (dpro.collectors.probe)
 
 
 def predict(analysis: RunAnalysis, change: Change, interference: bool = True, incremental: bool = True,
@@ -227,7 +228,8 @@ class Prediction:
         result = w.replay()
         changed = result.step_ns
         if change.microbatches is not None or change.schedule is not None:
-            details["pipeline"] = _pipeline(w, analysis, change.microbatches, change.schedule, change.microbatch_run)
+            details["pipeline"] = _pipeline(w, analysis, change.microbatches, change.schedule, change.microbatch_run,
+                                            change.probe_steps is not False)
             factor = details["pipeline"]["changed_ms"] / details["pipeline"]["modelled_ms"]
             changed = {r: ns * factor for r, ns in changed.items()}
         baseline = analysis.unprofiled_step_ns
@@ -250,22 +252,21 @@ class Prediction:
 
 
 def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedule: str | None,
-              other_run: str | None = None) -> dict[str, Any]:
+              other_run: str | None = None, probe_steps: bool = True) -> dict[str, Any]:
     """The pipeline's step under another micro-batch count and schedule
     (:mod:`dpro.replayer.pipeline`, over the stages' costs :func:`~dpro.analysis.stages.stage_costs`
     reads from the graph as changed so far): the replayed step scales by the schedule model's
     changed step over its recorded one. With ``other_run``, a recording of the same job at
-    another micro-batch count, each stage's passes take the fixed shares the two show
+    another micro-batch count, or else the run's probe steps (unless ``probe_steps`` is False),
+    each stage's passes take the fixed shares the two counts show
     (:func:`~dpro.analysis.stages.fixed_shares`). The timeline (the changed graph's replay)
     stays the recorded schedule's."""
     costs = stage_costs(w, analysis)
     pipeline = analysis.parallelism.pipeline or {}
     recorded_m = int(pipeline["microbatches"])
-    fitted = other_run is not None
-    if fitted:
-        other = RunAnalysis.open(other_run)
-        if other.parallelism.pipeline is None:
-            raise WhatIfError(f"{other_run} is not a recording of a pipeline")
+    other, fixed_from = _second_count(analysis, other_run, probe_steps)
+    fitted = other is not None
+    if other is not None:
         shares = fixed_shares(costs, recorded_m, stage_costs(WhatIf(other.graph), other),  # its graph as recorded
                               int(other.parallelism.pipeline["microbatches"]))
         costs = [replace(c, forward_fixed_ns=f * c.forward_ns, backward_fixed_ns=b * c.backward_ns)
@@ -294,9 +295,27 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
             "stages": [{"forward_ms": c.forward_ns / 1e6, "backward_ms": c.backward_ns / 1e6,
                         "fixed_share": (c.forward_fixed_ns + c.backward_fixed_ns) / max(c.forward_ns + c.backward_ns, 1.0)}
                        for c in costs],
-            "fixed_from": f"the recordings at {recorded_m} and {other.parallelism.pipeline['microbatches']} micro-batches"
-                          if fitted else "the time between ops and per-op overhead (one recording)",
-            "timeline": "the recorded schedule's"}
+            "fixed_from": fixed_from, "fitted": fitted, "timeline": "the recorded schedule's"}
+
+
+def _second_count(analysis: RunAnalysis, other_run: str | None, probe_steps: bool) -> tuple[RunAnalysis | None, str]:
+    """The pipeline at a second micro-batch count, and what it is in words: ``other_run`` where
+    given, else the run's own probe steps (:mod:`dpro.collectors.probe`) unless ``probe_steps``
+    is False, else none (the passes' fixed part then the time between ops and per-op overhead)."""
+    m = int((analysis.parallelism.pipeline or {})["microbatches"])
+    if other_run is not None:
+        other = RunAnalysis.open(other_run)
+        if other.parallelism.pipeline is None:
+            raise WhatIfError(f"{other_run} is not a recording of a pipeline")
+        return other, f"the recordings at {m} and {other.parallelism.pipeline['microbatches']} micro-batches"
+    probe = analysis.run.probe() if probe_steps else None
+    if probe is None:
+        why = "no probe steps" if probe_steps else "its probe steps left out"
+        return None, f"the time between ops and per-op overhead (one recording, {why})"
+    other = RunAnalysis(probe, align=analysis.align, scheduler=analysis.scheduler, workers=analysis.workers,
+                        cache=analysis.cache)
+    return other, (f"the run's probe steps at {other.parallelism.pipeline['microbatches']} micro-batches "
+                   f"beside its window at {m}")
 
 
 def _scale_ops(w: WhatIf, pattern: str, factor: float) -> int:
@@ -477,9 +496,11 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     """A one-line error for a change this job's parallelism has no model of."""
     parallelism = analysis.parallelism
     piped = [flag for flag, value in (("--microbatches", change.microbatches), ("--schedule", change.schedule),
-                                      ("--microbatch-run", change.microbatch_run)) if value is not None]
-    if change.microbatch_run is not None and change.microbatches is None and change.schedule is None:
-        raise DproError("--microbatch-run goes with --microbatches or --schedule")
+                                      ("--microbatch-run", change.microbatch_run),
+                                      ("--without-probe", change.probe_steps)) if value is not None]
+    for flag, value in (("--microbatch-run", change.microbatch_run), ("--without-probe", change.probe_steps)):
+        if value is not None and change.microbatches is None and change.schedule is None:
+            raise DproError(f"{flag} goes with --microbatches or --schedule")
     if piped and parallelism.pipeline is None:
         raise DproError(f"{' and '.join(piped)} apply to pipeline-parallel jobs; this job is {parallelism.describe()}")
     if parallelism.data_parallel_only:

@@ -61,13 +61,16 @@ class Compression(click.ParamType):
 @click.option("--microbatch-run", type=click.Path(exists=True, file_okay=False), metavar="RUN2",
               help="Pipeline: a recording of the same job at another micro-batch count; the two show what "
                    "each stage's passes cost whatever the micro-batch's size.")
+@click.option("--without-probe", is_flag=True,
+              help="Pipeline: leave out the run's probe steps (dpro record's steps at half the micro-batches), "
+                   "as for a run recorded without them: the passes' fixed part is then unknown (a range).")
 @click.option("--no-interference", is_flag=True,
               help="Ops keep their recorded durations whatever their overlap with communication.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @analysis_options
 def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None, bandwidth_scale: float | None, compress: str | None,
            accumulate: int | None, fuse_ops: bool | None, world_size: int | None, ranks_per_host: int | None, reshard_after_forward: bool | None,
-           forward_prefetch: int | None, merge_units: int | None, fsdp_mesh: str | None, tp_mesh: str | None, microbatches: int | None, schedule: str | None, microbatch_run: str | None, no_interference: bool, as_json: bool,
+           forward_prefetch: int | None, merge_units: int | None, fsdp_mesh: str | None, tp_mesh: str | None, microbatches: int | None, schedule: str | None, microbatch_run: str | None, without_probe: bool, no_interference: bool, as_json: bool,
            scheduler: str | None, workers: int | None) -> None:
     """Predict the step time of RUN's job with its configuration changed."""
     from dpro.analysis.whatif import Change, predict
@@ -86,7 +89,8 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
                     compress=compress, world_size=world_size, ranks_per_host=ranks_per_host, accumulate=accumulate,
                     fuse_ops=fuse_ops or None, reshard_after_forward=reshard_after_forward,
                     forward_prefetch=forward_prefetch, merge_units=merge_units, fsdp_mesh=fsdp_mesh, tp_mesh=tp_mesh,
-                    microbatches=microbatches, schedule=schedule, microbatch_run=microbatch_run)
+                    microbatches=microbatches, schedule=schedule, microbatch_run=microbatch_run,
+                    probe_steps=False if without_probe else None)
     if change == Change():
         raise click.UsageError("nothing to change: give --bucket-cap-mb, --first-bucket-mb, --bandwidth-scale, "
                                "--compress, --accumulate, --fuse-ops, --world-size, --[no-]reshard-after-forward, --forward-prefetch, --merge-units, "
@@ -115,14 +119,14 @@ def whatif(run: Any, bucket_cap_mb: float | None, first_bucket_mb: float | None,
                    f"{pipeline['microbatches']}: the stages' schedule replayed at {pipeline['modelled_ms']:.1f} -> "
                    f"{pipeline['changed_ms']:.1f} ms; fixed share of the passes "
                    + ", ".join(f"stage {i} {100 * st['fixed_share']:.0f}%" for i, st in enumerate(pipeline["stages"]))
-                   + (f" (from {pipeline['fixed_from']})" if microbatch_run else
-                      " (what a kernel or custom op spends whatever its size is not seen in one recording: more "
-                      "micro-batches err low; --microbatch-run adds a second)"))
+                   + (f" (from {pipeline['fixed_from']})" if pipeline["fitted"] else
+                      " (what a kernel or custom op spends whatever its size is not seen in one recording without "
+                      "probe steps: more micro-batches err low; --microbatch-run adds a second)"))
     if pipeline and "predicted_range_ms" in result and result["predicted_range_ms"][0] != result["predicted_range_ms"][1]:
         low, high = result["predicted_range_ms"]
         click.echo(f"pipeline: between {low:.1f} and {high:.1f} ms a step, from the ops' fixed cost as seen (time "
-                   "between ops, per-op overhead) to all of it: one recording does not tell; --microbatch-run RUN2 "
-                   "(the job at another micro-batch count) does")
+                   "between ops, per-op overhead) to all of it: one recording without probe steps does not tell; "
+                   "--microbatch-run RUN2 (the job at another micro-batch count) does")
     prefetch = result.get("fsdp_prefetch")
     if prefetch and prefetch["moved_all_gathers"]:
         click.echo(f"fsdp: {prefetch['moved_all_gathers']} forward all-gathers issued {prefetch['forward_prefetch']} "
