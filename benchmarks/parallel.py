@@ -20,7 +20,7 @@ forms (``benchmarks/testbed/job.py --form``):
   held time, as the what-if assumes): what is scored is the calls' regrouping and resizing;
 - a **2-stage pipeline** (GPipe, 4 micro-batches), recorded at :data:`RATE_MBIT`; its targets:
   8 and 2 micro-batches (``--microbatches``, with the recording's probe steps at 2
-  micro-batches, :mod:`dpro.collectors.probe`, and without them, ``probe_steps=False``; 8 also
+  micro-batches, ``dpro record --probe``, and without them, ``probe_steps=False``; 8 also
   from the pair of the 4 and 2 micro-batch recordings, ``--microbatch-run``), the 1F1B schedule (``--schedule``; step time, and for 8
   micro-batches and 1F1B the memory peak against their own recordings), and half the link rate.
 

@@ -12,8 +12,8 @@ optimizer hook. Step 0 begins somewhere in the script's setup, so its start is n
 
 Every hook catches its own failure, writes it to the rank's ``errors.log`` and, if the failure
 leaves dpro in an unknown state, turns dpro off for this process: the training goes on. A
-pipeline's micro-batch probe (:mod:`dpro.collectors.probe`) switches on its steps even then, as
-every other rank does.
+pipeline's micro-batch probe (``dpro record --probe``, :mod:`dpro.collectors.probe`) switches
+on its schedule's calls even then, as every other rank does.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ ENV_SKIP = "DPRO_SKIP"
 ENV_WARMUP = "DPRO_WARMUP"
 ENV_STEPS = "DPRO_STEPS"
 ENV_CALIBRATE = "DPRO_CALIBRATE"  # "0": no calibration (dpro record --no-calibrate)
+SCHEDULES_MODULE = "torch.distributed.pipelining.schedules"
 GZ_BYTES_PER_EVENT = 64  # a trace event gzipped, at most (16-18 bytes on CPU, longer names of GPU kernels)
 JSON_BYTES_PER_EVENT = 800  # as torch writes it first, uncompressed, in the temporary folder (250 on CPU)
 
@@ -57,9 +58,12 @@ class _Window:
     stopped crashed the process in Kineto when it stopped (``GenericActivityProfiler::processCpuTrace``, torch 2.13 on CPU
     with gloo: 5 recordings of 80; none of 120 with the step between).
 
-    A pipeline's probe (:mod:`dpro.collectors.probe`) follows: the step after the shapes step
-    switches its micro-batch count (and keeps the profilers apart), the next
-    :data:`~dpro.collectors.probe.PROBE_STEPS` are profiled, the one after them switches back."""
+    A pipeline's probe (:mod:`dpro.collectors.probe`) follows: its schedule's call in the step
+    after the shapes step switches the micro-batch count (that step keeps the profilers apart),
+    the next step is the probe profiler's warm-up, the
+    :data:`~dpro.collectors.probe.PROBE_STEPS` after it are profiled, and the call after them
+    switches back. The steps are the schedule's training calls, one a step where the job makes
+    one."""
 
     def __init__(self, skip: int, warmup: int, steps: int) -> None:
         self.first = skip
@@ -67,7 +71,8 @@ class _Window:
         self.end = skip + warmup + steps
         self.shapes = self.end + 1
         self.probe_switch = self.shapes + 1
-        self.probe = self.probe_switch + 1
+        self.probe_warmup = self.probe_switch + 1
+        self.probe = self.probe_warmup + 1
         self.probe_end = self.probe + PROBE_STEPS  # runs at the job's count again
 
     def phase(self, step: int, probed: bool = False) -> str:
@@ -93,17 +98,17 @@ class _Recorder:
     """The state of dpro in one process of the job."""
 
     def __init__(self, run_dir: Path, window: _Window, calibrate: bool = True, applier: Applier | None = None,
-                 probe: bool = True) -> None:
+                 probe: bool = False) -> None:
         self.run_dir = run_dir
         self.applier = applier
         self.window = window
         self.calibrate = calibrate
         self.probe_wanted = probe
-        self.probe: MicrobatchProbe | None = None  # the pipeline's, while its probe steps run
+        self.probe: MicrobatchProbe | None = None  # the pipeline schedule's, once switched
         self.probed = False  # whether its probe steps ran (their phase in steps.csv)
         self.probe_profiler: Any = None
         self.probe_start_ns = 0
-        self.steps_ended = 0  # counted whether or not dpro records in this process: the probe switches by it
+        self.probe_saved = False  # whether the probe's trace was written
         self.calibration: dict[str, Any] = {}
         self.lock = threading.RLock()
         self.enabled = True
@@ -250,45 +255,53 @@ class _Recorder:
         finally:
             self.step_start_ns = time.time_ns()  # what dpro did here belongs to no step
 
-    def switch_probe(self) -> None:
-        """Switch a pipeline's micro-batch count for its probe steps and back
-        (:mod:`dpro.collectors.probe`): called at every step's end, whether or not dpro records
-        in this process (a rank that did not switch would stop the job at its next send)."""
-        self.steps_ended += 1
+    def on_schedule_call(self, schedule: Any, n: int) -> None:
+        """Before a pipeline schedule's ``n``-th training call (from 0): switch its micro-batch
+        count for the probe, or back (:mod:`dpro.collectors.probe`). Runs whether or not dpro
+        records in this process: every rank of the pipeline switches at the same call."""
         w = self.window
-        if self.steps_ended == w.probe_switch and self.probe_wanted:
-            self.probe = MicrobatchProbe.find()
-            if self.probe is not None:
-                self.probe.switch()
-                self.probed = True
-        elif self.steps_ended == w.probe_end and self.probe is not None:
+        if n == w.probe_switch and self.probe is None and self.probe_wanted:
+            probe = MicrobatchProbe.of(schedule)
+            if probe is not None:
+                probe.switch()
+                self.probe, self.probed = probe, True
+        elif n == w.probe_end and self.probe is not None and self.probe.schedule is schedule:
             self.probe.restore()
-            self.probe = None
 
     def profile_probe(self) -> None:
-        """Profile the probe steps (run after :meth:`switch_probe`'s switch, before it switches back)."""
-        if self.step == self.window.probe and self.probe is not None:
-            if self.room_for_window(PROBE_STEPS, PROBE_TRACE_FILE):
+        """Profile the probe steps: a warm-up step once the schedule runs switched, then
+        :data:`~dpro.collectors.probe.PROBE_STEPS` recorded (by the steps this process ends)."""
+        w = self.window
+        if self.step == w.probe_warmup and self.probe is not None and self.probe.active:
+            if self.room_for_window(PROBE_STEPS + 1, PROBE_TRACE_FILE):
                 self.probe_start_ns = time.time_ns()
-                self.probe_profiler = self.start_window_profiler(
-                    self.probe_action, lambda p: self.export(p, PROBE_TRACE_FILE))
+                self.probe_profiler = self.start_window_profiler(self.probe_action, self.save_probe_trace)
         elif self.probe_profiler is not None:
-            if self.step < self.window.probe_end:
+            if self.step < w.probe_end:
                 self.probe_profiler.step()
             else:
                 profiler, self.probe_profiler = self.probe_profiler, None
                 self.end_probe(profiler)
 
+    def save_probe_trace(self, profiler: Any) -> None:
+        if self.probe is not None and self.probe.active:  # else not kept (end_probe says why)
+            self.probe_saved = self.export(profiler, PROBE_TRACE_FILE)
+
     def probe_action(self, step: int) -> Any:
         from torch.profiler import ProfilerAction
 
         w = self.window
-        if not w.probe <= step < w.probe_end:
+        if not w.probe_warmup <= step < w.probe_end:
             return ProfilerAction.NONE
+        if step == w.probe_warmup:
+            return ProfilerAction.WARMUP
         return ProfilerAction.RECORD_AND_SAVE if step == w.probe_end - 1 else ProfilerAction.RECORD
 
     def end_probe(self, profiler: Any) -> None:
-        """Save the probe steps' trace (the profiler's last transition), their collectives and ``probe.json``."""
+        """Save the probe steps' trace (the profiler's last transition) and collectives, and
+        ``probe.json`` where the trace was saved and its steps all ran switched (not where the
+        job calls its schedule more than once a step, or skipped an optimizer step: the switch
+        back came inside them)."""
         from dpro.collectors import calibration, collective_log
 
         assert self.rank_dir is not None and self.probe is not None
@@ -296,6 +309,13 @@ class _Recorder:
             profiler.step()
         finally:
             calibration.release(profiler)
+        if not self.probe.active:
+            self.log_error("the micro-batch probe: its schedule switched back inside the profiled steps (this "
+                           "process's steps, counted by its optimizer steps, do not line up with the schedule's "
+                           "calls); the probe is not kept")
+            return
+        if not self.probe_saved:
+            return
         try:
             collective_log.dump(self.rank_dir / PROBE_COLLECTIVES_FILE, self.probe_start_ns)
         except Exception as e:
@@ -348,10 +368,19 @@ class _Recorder:
     def start_window_profiler(self, schedule: Callable[[int], Any], on_trace_ready: Callable[[Any], None]) -> Any:
         """A profiler started on ``schedule``, stepped to this process's step so that its
         ``ProfilerStep#n`` is the step ``n`` (the schedule says NONE before: nothing is recorded)."""
+        from dpro.collectors import calibration
+
         profiler = self.new_profiler(schedule=schedule, on_trace_ready=on_trace_ready)
         profiler.start()
-        for _ in range(self.step):
-            profiler.step()
+        try:
+            for _ in range(self.step):
+                profiler.step()
+        except BaseException:
+            try:
+                profiler.stop()
+            finally:
+                calibration.release(profiler)
+            raise
         return profiler
 
     def new_profiler(self, **options: Any) -> Any:
@@ -381,7 +410,7 @@ class _Recorder:
             self.lost(file, e)
             return False
         if short:
-            self.lost(file, f"disk full ({short}; the window was skipped)")
+            self.lost(file, f"disk full ({short}; {'the window' if name == TRACE_FILE else 'its steps'} were not profiled)")
         return not short
 
     def short_of_room(self, events: int) -> str | None:
@@ -398,9 +427,10 @@ class _Recorder:
                 return f"about {need / 1e6:.1f} MB needed in {folder}, {free / 1e6:.1f} MB free"
         return None
 
-    def export(self, profiler: Any, name: str) -> None:
+    def export(self, profiler: Any, name: str) -> bool:
         """Write the profiler's trace as ``name`` in the rank's directory, atomically, where its
-        estimated size fits; what is not saved is told to the recorder, never half-written."""
+        estimated size fits; what is not saved is told to the recorder, never half-written.
+        Whether it was written."""
         assert self.rank_dir is not None
         file = self.own_file(name)
         try:
@@ -411,10 +441,10 @@ class _Recorder:
             short = self.short_of_room(events)
         except OSError as e:  # the rank's folder removed
             self.lost(file, e)
-            return
+            return False
         if short:
             self.lost(file, f"disk full ({short}; not written)")
-            return
+            return False
         tmp = self.rank_dir / f".{os.getpid()}.{name}"
         try:
             profiler.export_chrome_trace(str(tmp))
@@ -422,11 +452,13 @@ class _Recorder:
             if empty:  # torch says "Failed to write to log file!" and compresses what it has: nothing
                 tmp.unlink(missing_ok=True)
                 self.lost(file, empty)
-                return
+                return False
             os.replace(tmp, self.rank_dir / name)
+            return True
         except OSError as e:
             tmp.unlink(missing_ok=True)  # a half-written trace holds the space others need
             self.lost(file, e)
+            return False
 
     def drop_profilers(self) -> None:
         """Stop and free whatever profiler runs, after a failure (a profiler's results left to the
@@ -457,9 +489,12 @@ class _Recorder:
                 self.log_error("stopping the shapes step's profiler", e)
         probe, self.probe_profiler = self.probe_profiler, None
         if probe is not None:
+            from dpro.collectors import calibration
+
             try:
                 probe.on_trace_ready = None
                 probe.stop()
+                calibration.release(probe)
             except Exception as e:
                 self.log_error("stopping the probe steps' profiler", e)
         profiler, self.profiler = self.profiler, None
@@ -532,48 +567,47 @@ def _guarded(where: str):
     return decorate
 
 
-def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    rec = _recorder
-    if rec is None:
-        return
-    if rec.step_owner is None:
-        rec.step_owner = id(optimizer)
-    _track_optimizer(optimizer)
-    if rec.step_owner == id(optimizer):
-        _end_step()
-        _switch_probe(rec)
-
-
 @_guarded("optimizer step hook")
-def _track_optimizer(rec: _Recorder, optimizer: Any) -> None:
+def _on_optimizer_step(rec: _Recorder, optimizer: Any, args: Any, kwargs: Any) -> None:
     try:
         rec.optimizers.add(optimizer)
     except TypeError:  # an optimizer that cannot be weakly referenced: its state goes unmeasured
         pass
+    if rec.step_owner is None:
+        rec.step_owner = id(optimizer)
+    if rec.step_owner == id(optimizer):
+        rec.end_step()
 
 
-def user_step() -> None:
+@_guarded("dpro.step()")
+def user_step(rec: _Recorder) -> None:
     """End a step (called by :func:`dpro.step`)."""
-    rec = _recorder
-    if rec is None:
-        return
     rec.step_owner = "user"
-    _end_step()
-    _switch_probe(rec)
-
-
-@_guarded("ending a step")
-def _end_step(rec: _Recorder) -> None:
     rec.end_step()
 
 
-def _switch_probe(rec: _Recorder) -> None:
-    """:meth:`_Recorder.switch_probe`, whether or not dpro records in this process; a failure is logged."""
+def _on_schedule_call(schedule: Any, n: int) -> None:
+    """:meth:`_Recorder.on_schedule_call`, whether or not dpro records in this process; a failure is logged."""
+    rec = _recorder
+    if rec is None:
+        return
     try:
         with rec.lock:
-            rec.switch_probe()
+            rec.on_schedule_call(schedule, n)
     except Exception as e:
         rec.log_error("switching the micro-batch probe", e)
+
+
+def _on_schedules_imported(schedules: Any) -> None:
+    """Count the pipeline schedules' training calls (``dpro record --probe``)."""
+    from dpro.collectors.probe import count_training_calls
+
+    rec = _recorder
+    assert rec is not None
+    try:
+        count_training_calls(schedules, _on_schedule_call)
+    except Exception as e:  # no probe: the job runs as written
+        rec.log_error("counting the pipeline schedule's calls for the probe", e)
 
 
 @_guarded("attaching after torch.distributed.init_process_group")
@@ -627,6 +661,12 @@ def _on_torch_imported(torch: Any) -> None:
                 rec.log_error("logging point-to-point ops", e)
             from torch.nn.parallel import DistributedDataParallel
 
+            if rec.probe_wanted:  # before --apply imports the schedules
+                schedules = sys.modules.get(SCHEDULES_MODULE)
+                if schedules is not None:
+                    _on_schedules_imported(schedules)
+                else:
+                    sys.meta_path.insert(0, _ImportWatcher(SCHEDULES_MODULE, _on_schedules_imported))
             if rec.applier is not None:
                 for install in (lambda: rec.applier.install(DistributedDataParallel, rec.log_error),
                                 lambda: rec.applier.install_fsdp(rec.log_error),
@@ -641,21 +681,24 @@ def _on_torch_imported(torch: Any) -> None:
         rec.log_error("installing hooks into torch", e, disable=True)
 
 
-class _TorchImportWatcher(importlib.abc.MetaPathFinder):
-    """Calls :func:`_on_torch_imported` right after ``import torch`` has finished."""
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` right after the module ``name`` has been imported."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_hook(module: Any) -> None:
             exec_module(module)
-            _on_torch_imported(module)
+            self.then(module)
 
         spec.loader.exec_module = exec_then_hook  # type: ignore[method-assign]
         return spec
@@ -673,8 +716,8 @@ def install() -> None:
     window = _Window(int(os.environ.get(ENV_SKIP, 10)), int(os.environ.get(ENV_WARMUP, 2)),
                      int(os.environ.get(ENV_STEPS, 5)))
     _recorder = _Recorder(run_dir, window, calibrate=os.environ.get(ENV_CALIBRATE, "1") != "0",
-                          applier=from_environment(), probe=os.environ.get(ENV_PROBE, "1") != "0")
+                          applier=from_environment(), probe=os.environ.get(ENV_PROBE) == "1")
     if "torch" in sys.modules:
         _on_torch_imported(sys.modules["torch"])
     else:
-        sys.meta_path.insert(0, _TorchImportWatcher())
+        sys.meta_path.insert(0, _ImportWatcher("torch", _on_torch_imported))

@@ -56,7 +56,7 @@ class RecordOptions:
     gpu_interval_s: float = 0.1
     sysfs_root: str | None = None
     calibrate: bool = True
-    probe: bool = True  # a pipeline's probe steps at half its micro-batches (dpro record --no-probe)
+    probe: bool = False  # a pipeline's probe steps at half its micro-batches (dpro record --probe)
     apply: dict[str, Any] | None = None  # a strategy file's content (dpro record --apply)
     verbose: bool = False  # the job's stderr unfiltered (else the profiler's messages go to the node's log)
     strict: bool = False  # a failure to save fails the recording (dpro record --strict-record)
@@ -95,16 +95,17 @@ def prepare_run_dir(opts: RecordOptions, command: list[str]) -> bool:
 def _check_same_strategy(manifest: dict[str, Any], opts: RecordOptions) -> None:
     """Every node of a job applies the same strategy (ranks whose buckets or hooks differ would
     hang in their first all-reduce): a node joining a run with another ``--apply`` is refused, and
-    one with another window or ``--no-probe`` (a pipeline's probe steps would not line up)."""
+    one with another ``--probe``, or with ``--probe`` and another window (a pipeline's ranks switch
+    micro-batches for the probe at one step)."""
     options = manifest.get("options") or {}
     theirs = (options.get("apply") or {}).get("settings")
     ours = (opts.apply or {}).get("settings")
     if theirs != ours:
         raise RecordError(f"the run's other nodes apply {theirs or 'no strategy'}, this node {ours or 'none'}: "
                           "give every node the same --apply")
-    if options.get("probe", True) != opts.probe:  # a pipeline's ranks switch micro-batches together, or stop
-        raise RecordError(f"the run's other nodes record {'with' if options.get('probe', True) else 'without'} the "
-                          "micro-batch probe: give every node the same --no-probe")
+    if bool(options.get("probe")) != opts.probe:  # a pipeline's ranks switch micro-batches together, or stop
+        raise RecordError(f"the run's other nodes record {'with' if options.get('probe') else 'without'} the "
+                          "micro-batch probe: give every node the same --probe")
     if opts.probe:
         for name in ("skip", "warmup", "steps"):
             if name in options and options[name] != getattr(opts, name):

@@ -258,7 +258,8 @@ class Run:
     def steps(self, rank: int) -> pd.DataFrame:
         """Every step the rank timed: ``step`` (int64), ``start_ns``, ``end_ns`` (Int64, epoch ns;
         ``start_ns`` is missing for step 0, which begins somewhere in the script's setup),
-        ``dur_ns`` (Int64) and ``phase`` ("", "warmup", "profiled", "shapes"; "export" in 1.0 runs)."""
+        ``dur_ns`` (Int64) and ``phase`` ("", "warmup", "profiled", "shapes", "probe"; "export" in
+        1.0 runs; a :class:`ProbeRun` reads its probe steps as "profiled", the window's as "window")."""
         import pandas as pd
 
         path = self.rank_dir(rank) / STEPS_FILE
@@ -456,21 +457,36 @@ class Run:
         return path if path.exists() else None
 
     def probe_report(self, rank: int) -> dict[str, Any] | None:
-        """The rank's ``probe.json`` (its probe steps, their micro-batch count and the job's), if written."""
+        """The rank's ``probe.json`` (its probe steps, their micro-batch count and the job's), if
+        written; an unreadable or malformed one raises :class:`RunFormatError`."""
         path = self.rank_dir(rank) / PROBE_FILE
-        return read_json(path) if path.exists() else None
+        if not path.exists():
+            return None
+        report = read_json(path)
+        try:
+            return {"steps": [int(s) for s in report["steps"]], "microbatches": int(report["microbatches"]),
+                    "recorded_microbatches": int(report["recorded_microbatches"]), "schedule": str(report["schedule"])}
+        except (KeyError, TypeError, ValueError) as e:
+            raise RunFormatError(f"{path} is not a probe report ({type(e).__name__}: {e})") from None
 
-    def probe(self) -> ProbeRun | None:
+    def probe(self) -> tuple[ProbeRun | None, str]:
         """The pipeline's probe steps as a run of their own, where every rank with a trace
-        wrote their trace and ``probe.json`` at one count; None otherwise."""
+        wrote their trace and ``probe.json`` at one count; else None and why, in words."""
         traced = self.traced_ranks
-        reports = [self.probe_report(r) for r in traced]
-        if not traced or any(p is None or not (self.rank_dir(r) / PROBE_TRACE_FILE).exists()
-                             for r, p in zip(traced, reports)):
-            return None
-        if len({int(p["microbatches"]) for p in reports}) != 1:
-            return None
-        return ProbeRun(self.root, self.manifest)
+        if not traced:
+            return None, "no traces"
+        try:
+            reports = {r: self.probe_report(r) for r in traced}
+        except RunFormatError as e:
+            return None, str(e)
+        missing = [r for r, p in reports.items() if p is None or not (self.rank_dir(r) / PROBE_TRACE_FILE).exists()]
+        if len(missing) == len(traced):
+            return None, "recorded without probe steps (dpro record --probe)"
+        if missing:
+            return None, f"{_rank_list(missing)} kept no probe steps"
+        if len({(p["microbatches"], tuple(p["steps"])) for p in reports.values()}) != 1:
+            return None, "the ranks' probe steps differ"
+        return ProbeRun(self.root, self.manifest), ""
 
     def nccl_logs(self) -> list[Path]:
         """The NCCL log files the job wrote."""
@@ -514,9 +530,11 @@ class ProbeRun(Run):
     def rank_meta(self, rank: int) -> RankMeta:
         meta = super().rank_meta(rank)
         probe = self.probe_report(rank)
-        if probe is None or not meta.parallel.pipeline:
+        if probe is None:
             return meta
-        pipeline = tuple({**p, "microbatches": int(probe["microbatches"])} for p in meta.parallel.pipeline)
+        pipeline = tuple({**p, "microbatches": int(probe["microbatches"])}
+                         if (p.get("schedule"), p.get("microbatches")) == (probe["schedule"], probe["recorded_microbatches"])
+                         else p for p in meta.parallel.pipeline)
         return replace(meta, parallel=replace(meta.parallel, pipeline=pipeline))
 
     def steps(self, rank: int) -> pd.DataFrame:

@@ -92,7 +92,7 @@ class Evaluated:
     @property
     def predicted_step_ms(self) -> float:
         """The predicted step; where the prediction is a range (a pipeline's micro-batches from
-        one recording), its slow end: the plan errs safe."""
+        a recording without probe steps), its slow end: the plan errs safe."""
         summary = self.replayed.summary
         return float(max(summary.get("predicted_range_ms") or [summary["predicted_step_ms"]]))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,8 @@ from dpro.graph.typical import _split_at_waits
 from dpro.replayer.breakdown import breakdown, rank_critical_path
 from dpro.replayer.pipeline import StageCost, stage_order, step_ns
 
+from dpro.run_format import open_run
+
 from .conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 PARALLEL = ROOT / "examples" / "train_parallel.py"
@@ -34,9 +36,9 @@ SMALL = ["--steps", "10", "--layers", "2", "--d-model", "64", "--seq-len", "32"]
 DEEP = ["--layers", "4"]  # after SMALL: checkpointing 2 blocks keeps 2 blocks' activations, nothing saved
 
 
-def _record(tmp_path_factory, form: str, ranks: int, *extra: str) -> Path:
+def _record(tmp_path_factory, form: str, ranks: int, *extra: str, flags: tuple[str, ...] = ()) -> Path:
     run = tmp_path_factory.mktemp(form) / "run"
-    result = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--no-calibrate", "--",
+    result = dpro("record", *flags, "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--no-calibrate", "--",
                   *TORCHRUN, f"--nproc-per-node={ranks}", PARALLEL, "--form", form, *SMALL, *extra, timeout=400)
     assert result.returncode == 0, result.stderr
     return run
@@ -55,8 +57,8 @@ def tp_flat_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pp_run(tmp_path_factory) -> Path:
-    """The 2-stage pipeline at 4 micro-batches, run long enough for its probe steps (9 and 10 at 2)."""
-    return _record(tmp_path_factory, "pp", 2, "--microbatches", "4", "--steps", "12")
+    """The 2-stage pipeline at 4 micro-batches with its probe steps (steps 8-11 at 2, 10 and 11 profiled)."""
+    return _record(tmp_path_factory, "pp", 2, "--microbatches", "4", "--steps", "14", flags=("--probe",))
 
 
 @pytest.fixture(scope="module")
@@ -586,15 +588,17 @@ def test_a_pipeline_s_probe_steps_run_at_half_its_micro_batches_and_fix_its_pass
     from dpro.run_format import open_run
 
     run = open_run(pp_run)
-    assert run.probe_report(0) == {"steps": [9, 10], "microbatches": 2, "recorded_microbatches": 4,
+    assert run.probe_report(0) == {"steps": [10, 11], "microbatches": 2, "recorded_microbatches": 4,
                                    "schedule": "ScheduleGPipe"}
     steps = run.steps(0)
-    assert steps.loc[steps["phase"] == "probe", "step"].tolist() == [8, 9, 10, 11], "the switches' steps too"
-    probe = RunAnalysis(run.probe())
-    assert probe.parallelism.pipeline["microbatches"] == 2
-    forwards = probe.graph.nodes.query("rank == 0")["name"].astype(str).str.fullmatch(r"Forward \d+")
+    assert steps.loc[steps["phase"] == "probe", "step"].tolist() == [8, 9, 10, 11, 12], "the switches and warm-up too"
+    probe, why = run.probe()
+    assert probe is not None, why
+    analysis = RunAnalysis(probe)
+    assert analysis.parallelism.pipeline["microbatches"] == 2
+    forwards = analysis.graph.nodes.query("rank == 0")["name"].astype(str).str.fullmatch(r"Forward \d+")
     assert forwards.sum() == 2, "the probe's typical step runs 2 micro-batches' forward ranges"
-    assert RunAnalysis.open(pp_run).unprofiled_steps["step"].isin([8, 9, 10, 11]).sum() == 0, \
+    assert RunAnalysis.open(pp_run).unprofiled_steps["step"].isin(range(8, 13)).sum() == 0, \
         "the probe's steps are not the job's"
     model = CostModel(RunAnalysis.open(pp_run))
     fitted = model.predict(Change(microbatches=8)).summary
@@ -605,20 +609,45 @@ def test_a_pipeline_s_probe_steps_run_at_half_its_micro_batches_and_fix_its_pass
     out = dpro("whatif", pp_run, "--microbatches", "8")
     assert out.returncode == 0 and "from the run's probe steps at 2 micro-batches" in out.stdout, out.stderr
     assert_one_line_error(dpro("whatif", pp_run, "--without-probe"), "--without-probe", "--microbatches")
+    assert_one_line_error(dpro("whatif", pp_run, "--microbatches", "8", "--without-probe", "--microbatch-run", pp_run),
+                          "--without-probe and --microbatch-run")
+
+
+def test_a_probe_report_that_cannot_be_read_leaves_the_window_alone_and_says_why(pp_run: Path, tmp_path: Path) -> None:
+    from dpro.analysis.whatif import Change, CostModel
+
+    copy = tmp_path / "run"
+    shutil.copytree(pp_run, copy, ignore=shutil.ignore_patterns("derived"))
+    (copy / "ranks" / "1" / "probe.json").write_text('{"steps": [10, 11]}')
+    summary = CostModel(RunAnalysis.open(copy)).predict(Change(microbatches=8)).summary
+    assert not summary["pipeline"]["fitted"] and "is not a probe report" in summary["pipeline"]["fixed_from"]
+    (copy / "ranks" / "1" / "probe.json").unlink()
+    summary = CostModel(RunAnalysis.open(copy)).predict(Change(microbatches=8)).summary
+    assert "rank 1 kept no probe steps" in summary["pipeline"]["fixed_from"]
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_the_probe_s_switch_leaves_the_job_s_losses_and_parameters_as_they_were(schedule: str) -> None:
-    def run(*extra: str) -> list[str]:
-        ran = subprocess.run([*TORCHRUN, "--nproc-per-node=2", JOBS / "pipeline_probe.py", "--schedule", schedule,
-                              *extra], capture_output=True, text=True, timeout=300)
+def test_the_probe_switches_every_rank_at_one_schedule_call_and_leaves_the_training_as_it_was(
+        schedule: str, tmp_path: Path) -> None:
+    # rank 1 skips its optimizer step at step 3 (a GradScaler's overflow): counted by optimizer
+    # steps it runs one behind, so only the schedule's own calls can switch both ranks at once
+    job = [*TORCHRUN, "--nproc-per-node=2", JOBS / "pipeline_probe.py", "--schedule", schedule,
+           "--skip-step", "3", "--skip-rank", "1"]
+
+    def record(name: str, *flags: str) -> list[str]:
+        ran = dpro("record", *flags, "-o", tmp_path / name, "--skip", "3", "--warmup", "1", "--steps", "2",
+                   "--no-calibrate", "--", *job, timeout=300)
         assert ran.returncode == 0, ran.stderr
         return sorted(line for line in ran.stdout.splitlines() if line.startswith(("step", "rank")))
 
-    plain, probed = run(), run("--probe")
-    assert [line for line in probed if "micro-batches 2" in line][0].startswith("step 3")
-    assert len([line for line in probed if "micro-batches 2" in line]) == 2, "steps 3 and 4 at half the count"
-    assert [line.replace("micro-batches 2", "micro-batches 4") for line in probed] == plain
+    plain, probed = record("plain"), record("probed", "--probe")
+    halved = [line for line in probed if "micro-batches 2" in line]
+    assert [line.split()[1] for line in halved] == ["8", "9", "10", "11"], "calls 8-11 at half the count"
+    assert [line.replace("micro-batches 2", "micro-batches 4") for line in probed] == plain, "the same training"
+    assert not (tmp_path / "plain" / "ranks" / "0" / "probe.json").exists(), "no probe without --probe"
+    assert (tmp_path / "probed" / "ranks" / "0" / "probe.json").exists()
+    assert "switched back inside the profiled steps" in (tmp_path / "probed" / "ranks" / "1" / "errors.log").read_text()
+    assert open_run(tmp_path / "probed").probe()[1] == "rank 1 kept no probe steps"
 
 
 def test_a_backward_pass_on_a_device_thread_is_joined_around_an_op_that_spans_it() -> None:

@@ -25,8 +25,8 @@ from .conftest import EXAMPLE, FAKES, JOBS, SMALL_LM, TORCHRUN, assert_one_line_
 
 def test_run_directory_is_complete_for_both_ranks(recorded_run: Path) -> None:
     run = open_run(recorded_run)
-    assert run.manifest["format_version"] == "1.3"
-    assert run.manifest["options"] == {"skip": 3, "warmup": 1, "steps": 2, "calibrate": True, "probe": True}
+    assert run.manifest["format_version"] == "1.4"
+    assert run.manifest["options"] == {"skip": 3, "warmup": 1, "steps": 2, "calibrate": True, "probe": False}
     assert run.ranks == [0, 1]
     [node] = run.nodes()
     assert node["exit_code"] == 0 and node["signal"] is None
@@ -270,10 +270,11 @@ def test_nodes_join_one_run_and_merge_local_runs(tmp_path: Path) -> None:
     run = open_run(shared)
     assert run.ranks == [0, 1] and len(run.nodes()) == 2
     # a pipeline's ranks switch micro-batches for the probe at one step: a node with another window is refused
-    assert_one_line_error(node(shared, 2, "--join", "--steps", "3"), "--steps 5", "same window")
-    assert_one_line_error(node(shared, 2, "--join", "--no-probe"), "--no-probe")
-    assert node(tmp_path / "np", 0, "--no-probe", "--steps", "3").returncode == 0
-    assert node(tmp_path / "np", 1, "--join", "--no-probe", "--steps", "4").returncode == 0, "no probe: windows may differ"
+    assert_one_line_error(node(shared, 2, "--join", "--probe"), "--probe")
+    assert node(tmp_path / "p", 0, "--probe", "--steps", "3").returncode == 0
+    assert_one_line_error(node(tmp_path / "p", 1, "--join", "--probe", "--steps", "4"), "--steps 3", "same window")
+    assert node(tmp_path / "np", 0, "--steps", "3").returncode == 0
+    assert node(tmp_path / "np", 1, "--join", "--steps", "4").returncode == 0, "no probe: windows may differ"
 
     assert node(tmp_path / "a", 0).returncode == 0 and node(tmp_path / "b", 1).returncode == 0
     merged = dpro("merge", tmp_path / "m", tmp_path / "a", tmp_path / "b")

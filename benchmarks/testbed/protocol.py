@@ -176,7 +176,8 @@ class Testbed:
         def start(cluster):
             if run_dir.exists():  # a failed attempt's partial run
                 subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-            return record_across_hosts(cluster, run_dir, config.argv(RECORD_STEPS), record_args=RECORD_WINDOW,
+            probe = ["--probe"] if config.form == "pp" else []  # a pipeline's micro-batch probe
+            return record_across_hosts(cluster, run_dir, config.argv(RECORD_STEPS), record_args=RECORD_WINDOW + probe,
                                        nproc_per_node=config.ranks_per_host, timeout=600)
 
         self._run(config, "recording", start)

@@ -83,7 +83,7 @@ from dpro.replayer.buckets import Param, first_bucket_bytes, ready_order, rebuil
 from dpro.replayer.cost import fit_link_model, link_class
 from dpro.replayer.interference import Interference, NodeClasses, from_calibration, from_graph, overlap
 from dpro.replayer.linkmodel import calibrated_link_model, wire_rates
-from dpro.replayer.pipeline import SCHEDULES, schedule_name, step_ns
+from dpro.replayer.pipeline import SCHEDULES, StageCost, schedule_name, step_ns
 from dpro.replayer.result import Replay
 from dpro.replayer.simulate import replay
 from dpro.replayer.graph_edits import WhatIf, WhatIfError
@@ -264,11 +264,10 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
     costs = stage_costs(w, analysis)
     pipeline = analysis.parallelism.pipeline or {}
     recorded_m = int(pipeline["microbatches"])
-    other, fixed_from = _second_count(analysis, other_run, probe_steps)
-    fitted = other is not None
-    if other is not None:
-        shares = fixed_shares(costs, recorded_m, stage_costs(WhatIf(other.graph), other),  # its graph as recorded
-                              int(other.parallelism.pipeline["microbatches"]))
+    second, fixed_from = _second_count(analysis, other_run, probe_steps)
+    fitted = second is not None
+    if second is not None:
+        shares = fixed_shares(costs, recorded_m, *second)
         costs = [replace(c, forward_fixed_ns=f * c.forward_ns, backward_fixed_ns=b * c.backward_ns)
                  for c, (f, b) in zip(costs, shares)]
     try:
@@ -298,24 +297,33 @@ def _pipeline(w: WhatIf, analysis: RunAnalysis, microbatches: int | None, schedu
             "fixed_from": fixed_from, "fitted": fitted, "timeline": "the recorded schedule's"}
 
 
-def _second_count(analysis: RunAnalysis, other_run: str | None, probe_steps: bool) -> tuple[RunAnalysis | None, str]:
-    """The pipeline at a second micro-batch count, and what it is in words: ``other_run`` where
-    given, else the run's own probe steps (:mod:`dpro.collectors.probe`) unless ``probe_steps``
-    is False, else none (the passes' fixed part then the time between ops and per-op overhead)."""
+def _second_count(analysis: RunAnalysis, other_run: str | None,
+                  probe_steps: bool) -> tuple[tuple[list[StageCost], int] | None, str]:
+    """The pipeline's stages' costs at a second micro-batch count and that count (each from its
+    graph as recorded), and where they come from, in words: ``other_run`` where given, else the
+    run's own probe steps (:mod:`dpro.collectors.probe`) unless ``probe_steps`` is False, else
+    none (the passes' fixed part then the time between ops and per-op overhead)."""
     m = int((analysis.parallelism.pipeline or {})["microbatches"])
     if other_run is not None:
         other = RunAnalysis.open(other_run)
         if other.parallelism.pipeline is None:
             raise WhatIfError(f"{other_run} is not a recording of a pipeline")
-        return other, f"the recordings at {m} and {other.parallelism.pipeline['microbatches']} micro-batches"
-    probe = analysis.run.probe() if probe_steps else None
+        k = int(other.parallelism.pipeline["microbatches"])
+        return (stage_costs(WhatIf(other.graph), other), k), f"the recordings at {m} and {k} micro-batches"
+    alone = "the time between ops and per-op overhead (one recording: {})"
+    if not probe_steps:
+        return None, alone.format("its probe steps left out")
+    probe, why = analysis.run.probe()
     if probe is None:
-        why = "no probe steps" if probe_steps else "its probe steps left out"
-        return None, f"the time between ops and per-op overhead (one recording, {why})"
+        return None, alone.format(why)
     other = RunAnalysis(probe, align=analysis.align, scheduler=analysis.scheduler, workers=analysis.workers,
                         cache=analysis.cache)
-    return other, (f"the run's probe steps at {other.parallelism.pipeline['microbatches']} micro-batches "
-                   f"beside its window at {m}")
+    k = int(other.parallelism.pipeline["microbatches"])
+    try:
+        costs = stage_costs(WhatIf(other.graph), other)
+    except DproError as e:  # the probe unusable (a graph error, no backward pass): the window alone, and why
+        return None, alone.format(f"its probe steps unusable: {e}")
+    return (costs, k), f"the run's probe steps at {k} micro-batches beside its window at {m}"
 
 
 def _scale_ops(w: WhatIf, pattern: str, factor: float) -> int:
@@ -501,6 +509,8 @@ def _check_applies(analysis: RunAnalysis, change: Change) -> None:
     for flag, value in (("--microbatch-run", change.microbatch_run), ("--without-probe", change.probe_steps)):
         if value is not None and change.microbatches is None and change.schedule is None:
             raise DproError(f"{flag} goes with --microbatches or --schedule")
+    if change.microbatch_run is not None and change.probe_steps is not None:
+        raise DproError("--without-probe and --microbatch-run: give one (the second count is the other recording's)")
     if piped and parallelism.pipeline is None:
         raise DproError(f"{' and '.join(piped)} apply to pipeline-parallel jobs; this job is {parallelism.describe()}")
     if parallelism.data_parallel_only:

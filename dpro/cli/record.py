@@ -49,10 +49,11 @@ def verbose_option(fn: Any) -> Any:
 @click.option("--no-calibrate", is_flag=True,
               help="Skip the calibration: the profiler's cost before the window, the job's collectives "
                    "at several sizes after it (a few seconds).")
-@click.option("--no-probe", is_flag=True,
-              help="Skip a pipeline's probe steps: two profiled steps after the window at half its micro-batches "
-                   "(same batch and gradients), which show what a pass costs whatever its size "
-                   "(dpro whatif --microbatches).")
+@click.option("--probe", is_flag=True,
+              help="Pipeline jobs: after the window, run a few steps at half the micro-batches (the same batch; "
+                   "gradients averaged as torch's schedules do) and profile two, which show what a pass costs "
+                   "whatever its size (dpro whatif --microbatches). Where the loss averages over samples and no "
+                   "layer mixes them (batch norm), the training is unchanged.")
 @click.option("--apply", "strategy", type=click.Path(dir_okay=False, path_type=Path), metavar="STRATEGY.json",
               help="Run the job with a strategy of `dpro optimize` (its bucket cap and communication hook), "
                    "without changing the script.")
@@ -63,7 +64,7 @@ def verbose_option(fn: Any) -> Any:
 @verbose_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool, join: bool,
-           gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, no_probe: bool, strategy: Path | None,
+           gpu_interval: float, sysfs_root: str | None, no_calibrate: bool, probe: bool, strategy: Path | None,
            strict_record: bool, verbose: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND and record every rank of the training job it starts.
 
@@ -83,7 +84,7 @@ def record(output: Path | None, skip: int, warmup: int, steps: int, force: bool,
     applied = _strategy_file(strategy) if strategy is not None else None
     opts = RecordOptions(output=output or default_run_name("dpro-run"), skip=skip, warmup=warmup,
                          steps=steps, force=force, join=join, gpu_interval_s=gpu_interval,
-                         sysfs_root=sysfs_root, calibrate=not no_calibrate, probe=not no_probe, apply=applied, verbose=verbose,
+                         sysfs_root=sysfs_root, calibrate=not no_calibrate, probe=probe, apply=applied, verbose=verbose,
                          strict=strict_record)
     recorded = record_job(list(command), opts, say=lambda line: click.echo(f"dpro: {line}", err=True))
     if recorded.unrecorded is None:  # else said before the job started

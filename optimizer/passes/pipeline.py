@@ -6,9 +6,10 @@ activations where GPipe holds all ``M``, and lets a slow stage start its backwar
 earlier. The pass proposes half and twice the recorded count, and the other schedule with each;
 the search weighs the step time the cost model predicts (:func:`dpro.analysis.whatif.predict`,
 ``microbatches`` and ``schedule``) against the memory :mod:`dpro.optimizer.memory_estimate` estimates.
-``--apply`` sets both; the batch must divide into the micro-batches. From one recording the
-ops' fixed cost per micro-batch is unknown, and a new count is predicted as a range: the search
-ranks it by the range's slow end.
+``--apply`` sets both; the batch must divide into the micro-batches. The ops' fixed cost per
+micro-batch comes from the run's probe steps (:mod:`dpro.collectors.probe`); from a recording
+without them it is unknown, and a new count is predicted as a range: the search ranks it by
+the range's slow end.
 """
 
 from __future__ import annotations
