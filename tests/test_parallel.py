@@ -642,7 +642,7 @@ def test_the_probe_switches_every_rank_at_one_schedule_call_and_leaves_the_train
 
     plain, probed = record("plain"), record("probed", "--probe")
     halved = [line for line in probed if "micro-batches 2" in line]
-    assert [line.split()[1] for line in halved] == ["8", "9", "10", "11"], "calls 8-11 at half the count"
+    assert sorted(int(line.split()[1]) for line in halved) == [8, 9, 10, 11], "calls 8-11 at half the count"
     assert [line.replace("micro-batches 2", "micro-batches 4") for line in probed] == plain, "the same training"
     assert not (tmp_path / "plain" / "ranks" / "0" / "probe.json").exists(), "no probe without --probe"
     assert (tmp_path / "probed" / "ranks" / "0" / "probe.json").exists()
