@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from dpro.collectors.apply import Applier, from_environment
 from dpro.collectors.losses import loss, report_loss
-from dpro.collectors.probe import ENV_PROBE, PROBE_STEPS, MicrobatchProbe
+from dpro.collectors.probe import ENV_PROBE, PROBE_STEPS, MicrobatchProbe, count_training_calls
 from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, PROBE_COLLECTIVES_FILE,
                              PROBE_FILE, PROBE_TRACE_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS, STEPS_FILE, TRACE_FILE,
                              early_errors_file, rank_dir, write_json_atomic)
@@ -600,8 +600,6 @@ def _on_schedule_call(schedule: Any, n: int) -> None:
 
 def _on_schedules_imported(schedules: Any) -> None:
     """Count the pipeline schedules' training calls (``dpro record --probe``)."""
-    from dpro.collectors.probe import count_training_calls
-
     rec = _recorder
     assert rec is not None
     try:

@@ -481,7 +481,7 @@ class Run:
             return None, str(e)
         missing = [r for r, p in reports.items() if p is None or not (self.rank_dir(r) / PROBE_TRACE_FILE).exists()]
         if len(missing) == len(traced):
-            return None, "recorded without probe steps (dpro record --probe)"
+            return None, "no probe steps (dpro record --probe, on a pipeline it can switch)"
         if missing:
             return None, f"{_rank_list(missing)} kept no probe steps"
         if len({(p["microbatches"], tuple(p["steps"])) for p in reports.values()}) != 1:

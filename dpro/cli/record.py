@@ -136,6 +136,24 @@ def _report_recording(run_dir: Path) -> None:
     for path in sorted(run_dir.glob("errors-*.log")):
         click.echo(f"dpro: warning: dpro's hooks failed before a rank was known; see {path}", err=True)
     _report_applied(summary["per_rank"], run_dir)
+    _report_probe(run_dir)
+
+
+def _report_probe(run_dir: Path) -> None:
+    """Say whether ``--probe`` kept the pipeline's probe steps, and why not."""
+    from dpro.run_format import open_run
+
+    run = open_run(run_dir)
+    if not (run.manifest.get("options") or {}).get("probe"):
+        return
+    probe, why = run.probe()
+    if probe is None:
+        click.echo(f"dpro: warning: --probe kept no micro-batch probe: {why}", err=True)
+        return
+    report = probe.probe_report(run.traced_ranks[0]) or {}
+    steps = report.get("steps") or []
+    click.echo(f"dpro: micro-batch probe: steps {', '.join(map(str, steps))} at {report.get('microbatches')} "
+               f"micro-batches (the job's {report.get('recorded_microbatches')})", err=True)
 
 
 def _report_applied(ranks: list[dict[str, Any]], run_dir: Path) -> None:
