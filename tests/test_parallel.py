@@ -42,6 +42,7 @@ def _record(tmp_path_factory, form: str, ranks: int, *extra: str, flags: tuple[s
     result = dpro("record", *flags, "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--no-calibrate", "--",
                   *TORCHRUN, f"--nproc-per-node={ranks}", PARALLEL, "--form", form, *SMALL, *extra, timeout=400)
     assert result.returncode == 0, result.stderr
+    (run.parent / "record-stderr.txt").write_text(result.stderr)
     return run
 
 
@@ -591,6 +592,8 @@ def test_a_pipeline_s_probe_steps_run_at_half_its_micro_batches_and_fix_its_pass
     run = open_run(pp_run)
     assert run.probe_report(0) == {"steps": [10, 11], "microbatches": 2, "recorded_microbatches": 4,
                                    "schedule": "ScheduleGPipe"}
+    said = (pp_run.parent / "record-stderr.txt").read_text()
+    assert "dpro: micro-batch probe: steps 10, 11 at 2 micro-batches (the job's 4)" in said, said
     steps = run.steps(0)
     assert steps.loc[steps["phase"] == "probe", "step"].tolist() == [8, 9, 10, 11, 12], "the switches and warm-up too"
     probe, why = run.probe()
@@ -639,6 +642,8 @@ def test_the_probe_switches_every_rank_at_one_schedule_call_and_leaves_the_train
         ran = dpro("record", *flags, "-o", tmp_path / name, "--skip", "3", "--warmup", "1", "--steps", "2",
                    "--no-calibrate", "--", *job, timeout=300)
         assert ran.returncode == 0, ran.stderr
+        said = "dpro: warning: --probe kept no micro-batch probe: rank 1 kept no probe steps"
+        assert (said in ran.stderr) == bool(flags), ran.stderr
         # the two ranks' lines may interleave (torchrun joins their output): read them by their form
         found = re.findall(r"step \d+ micro-batches \d+ loss [\d.]+|rank \d+ parameters -?[\d.]+", ran.stdout)
         assert len(found) == 16 + 2, ran.stdout  # the last stage's 16 steps, each rank's parameters
