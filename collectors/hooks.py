@@ -410,7 +410,7 @@ class _Recorder:
             self.lost(file, e)
             return False
         if short:
-            self.lost(file, f"disk full ({short}; {'the window' if name == TRACE_FILE else 'its steps'} were not profiled)")
+            self.lost(file, f"disk full ({short}; {'the window was' if name == TRACE_FILE else 'the probe steps were'} skipped)")
         return not short
 
     def short_of_room(self, events: int) -> str | None:
