@@ -27,7 +27,6 @@ the pipeline shares, so the ranks decide alike.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any, Callable
 
 PROBE_STEPS = 2
@@ -64,14 +63,13 @@ def _counted(original: Callable[..., Any], on_call: Callable[[Any, int], None]) 
 
 
 class MicrobatchProbe:
-    """A pipeline schedule switched to ``count`` micro-batches and back; when it ran switched."""
+    """A pipeline schedule switched to ``count`` micro-batches and back."""
 
     def __init__(self, schedule: Any, count: int) -> None:
         self.schedule = schedule
         self.count = count
         self.recorded = int(schedule._n_microbatches)
-        self.switched_ns: int | None = None
-        self.restored_ns: int | None = None
+        self.active = False  # whether the schedule runs at ``count`` now
 
     @classmethod
     def of(cls, schedule: Any) -> MicrobatchProbe | None:
@@ -89,20 +87,15 @@ class MicrobatchProbe:
             return None
         return cls(schedule, m // 2)
 
-    @property
-    def active(self) -> bool:
-        """Whether the schedule runs at :attr:`count` now."""
-        return self.switched_ns is not None and self.restored_ns is None
-
     def switch(self) -> None:
         """Run the next calls at :attr:`count` micro-batches."""
         self._set(self.count)
-        self.switched_ns = time.time_ns()
+        self.active = True
 
     def restore(self) -> None:
         """Run the next calls at the job's own count again."""
         self._set(self.recorded)
-        self.restored_ns = time.time_ns()
+        self.active = False
 
     def _set(self, count: int) -> None:
         s = self.schedule

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpro.errors import DproError
 from dpro.run_records import Calibration, NodeRecord, RankMeta
@@ -206,6 +206,8 @@ class Run:
 
     root: Path
     manifest: dict[str, Any]
+    trace_file: ClassVar[str] = TRACE_FILE  # the profiled steps' trace and collective log
+    collectives_file: ClassVar[str] = COLLECTIVES_FILE
 
     @property
     def ranks(self) -> list[int]:
@@ -225,15 +227,18 @@ class Run:
         return RankMeta.from_json(read_json(path)) if path.exists() else RankMeta()
 
 
+    def _written(self, rank: int, name: str) -> Path | None:
+        """The rank's file ``name``, when it was written."""
+        path = self.rank_dir(rank) / name
+        return path if path.exists() else None
+
     def trace_path(self, rank: int) -> Path | None:
         """The rank's Kineto trace, when it was written."""
-        path = self.rank_dir(rank) / TRACE_FILE
-        return path if path.exists() else None
+        return self._written(rank, self.trace_file)
 
     def collective_log_path(self, rank: int) -> Path | None:
         """The rank's ``collectives.json`` (groups and peers of its window's communication), if written."""
-        path = self.rank_dir(rank) / COLLECTIVES_FILE
-        return path if path.exists() else None
+        return self._written(rank, self.collectives_file)
 
     def errors_path(self, rank: int) -> Path:
         return self.rank_dir(rank) / ERRORS_FILE
@@ -453,8 +458,7 @@ class Run:
 
     def shapes_trace_path(self, rank: int) -> Path | None:
         """The rank's trace of one step with the ops' input shapes, when it was written."""
-        path = self.rank_dir(rank) / SHAPES_TRACE_FILE
-        return path if path.exists() else None
+        return self._written(rank, SHAPES_TRACE_FILE)
 
     def probe_report(self, rank: int) -> dict[str, Any] | None:
         """The rank's ``probe.json`` (its probe steps, their micro-batch count and the job's), if
@@ -479,7 +483,7 @@ class Run:
             reports = {r: self.probe_report(r) for r in traced}
         except RunFormatError as e:
             return None, str(e)
-        missing = [r for r, p in reports.items() if p is None or not (self.rank_dir(r) / PROBE_TRACE_FILE).exists()]
+        missing = [r for r, p in reports.items() if p is None or self._written(r, PROBE_TRACE_FILE) is None]
         if len(missing) == len(traced):
             return None, "no probe steps (dpro record --probe, on a pipeline it can switch)"
         if missing:
@@ -497,8 +501,8 @@ class Run:
         """Every file the analysis of the traces reads (its caches are keyed by them)."""
         files = [self.root / MANIFEST]
         for rank in self.ranks:
-            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, TRACE_FILE,
-                                                               CALIBRATION_FILE, COLLECTIVES_FILE)]
+            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, self.trace_file,
+                                                               CALIBRATION_FILE, self.collectives_file)]
         return [f for f in files + self.nccl_logs() if f.exists()]
 
     def derived_dir(self) -> Path:
@@ -516,13 +520,8 @@ class ProbeRun(Run):
     their trace and collective log, every rank's pipeline at the probe's micro-batch count, the
     probe steps the profiled ones (the window's are ``window``), their analysis cached apart."""
 
-    def trace_path(self, rank: int) -> Path | None:
-        path = self.rank_dir(rank) / PROBE_TRACE_FILE
-        return path if path.exists() else None
-
-    def collective_log_path(self, rank: int) -> Path | None:
-        path = self.rank_dir(rank) / PROBE_COLLECTIVES_FILE
-        return path if path.exists() else None
+    trace_file: ClassVar[str] = PROBE_TRACE_FILE
+    collectives_file: ClassVar[str] = PROBE_COLLECTIVES_FILE
 
     def shapes_trace_path(self, rank: int) -> Path | None:
         return None  # the shapes step ran at the job's count
@@ -545,11 +544,7 @@ class ProbeRun(Run):
         return df
 
     def analysis_inputs(self) -> list[Path]:
-        files = [self.root / MANIFEST]
-        for rank in self.ranks:
-            files += [self.rank_dir(rank) / name for name in (META_FILE, STEPS_FILE, CLOCK_FILE, PROBE_TRACE_FILE,
-                                                               CALIBRATION_FILE, PROBE_COLLECTIVES_FILE, PROBE_FILE)]
-        return [f for f in files + self.nccl_logs() if f.exists()]
+        return super().analysis_inputs() + list(filter(None, (self._written(r, PROBE_FILE) for r in self.ranks)))
 
     def derived_dir(self) -> Path:
         return super().derived_dir() / "probe"

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dpro.cli import CONTEXT
 from dpro.cli.options import default_run_name
 from dpro.errors import DproError
+
+if TYPE_CHECKING:
+    from dpro.run_format import Run
 
 
 def window_options(fn: Any) -> Any:
@@ -120,7 +123,8 @@ def _report_recording(run_dir: Path) -> None:
     from dpro.analysis.summary import summarize_run
 
     try:
-        summary = summarize_run(RunAnalysis.open(run_dir), count_events=False)
+        analysis = RunAnalysis.open(run_dir)
+        summary = summarize_run(analysis, count_events=False)
     except (DproError, OSError) as e:
         click.echo(f"dpro: the run cannot be read back: {e}", err=True)
         return
@@ -135,15 +139,12 @@ def _report_recording(run_dir: Path) -> None:
                        f"(the job went on); see {run_dir}/ranks/{r['rank']}/errors.log", err=True)
     for path in sorted(run_dir.glob("errors-*.log")):
         click.echo(f"dpro: warning: dpro's hooks failed before a rank was known; see {path}", err=True)
-    _report_applied(summary["per_rank"], run_dir)
-    _report_probe(run_dir)
+    _report_applied(summary["per_rank"], analysis.run)
+    _report_probe(analysis.run)
 
 
-def _report_probe(run_dir: Path) -> None:
+def _report_probe(run: Run) -> None:
     """Say whether ``--probe`` kept the pipeline's probe steps, and why not."""
-    from dpro.run_format import open_run
-
-    run = open_run(run_dir)
     if not (run.manifest.get("options") or {}).get("probe"):
         return
     probe, why = run.probe()
@@ -156,11 +157,8 @@ def _report_probe(run_dir: Path) -> None:
                f"micro-batches (the job's {report.get('recorded_microbatches')})", err=True)
 
 
-def _report_applied(ranks: list[dict[str, Any]], run_dir: Path) -> None:
+def _report_applied(ranks: list[dict[str, Any]], run: Run) -> None:
     """Say what ``--apply`` applied, and warn about what it could not."""
-    from dpro.run_format import open_run
-
-    run = open_run(run_dir)
     strategy = (run.manifest.get("options") or {}).get("apply")
     if not strategy:
         return
