@@ -14,20 +14,29 @@ with what the strategy's settings change.
   activations) divided by ``K`` (after checkpointing's share, with both). Optimistic: what the
   step adds also holds temporaries and the optimizer's, which do not shrink with ``K``.
 - the bucket cap: the buckets hold the same gradients, cut differently; no change.
-- ``reshard_after_forward`` (FSDP2) other than recorded: kept after forward, the units' gathered
-  parameters stay from their forward to their backward, where resharded at most two are
-  gathered at once (the unit at work and the one prefetched): the step's peak grows (or
-  shrinks) by the units' unsharded bytes less twice the largest unit's.
+- FSDP2's units (a change of ``reshard_after_forward``, of ``fsdp_merge_units`` ``G``: every
+  ``G`` units one, or of ``fsdp_mesh``): the rank's step, cut at FSDP's hooks
+  (:attr:`~dpro.analysis.memory.RankMemory.fsdp_stretches`), each stretch moved by what the
+  units hold there under the change less as recorded; the new peak is the highest stretch.
+  What the units hold (measured with gloo on the CPU, torch 2.13; the root is gathered
+  throughout either way): in a unit's forward, the unit (kept gathered: every unit so far;
+  after the root's forward, all); as the backward pass begins, the last unit, prefetched (kept
+  gathered: all); in a unit's backward, it and the unit before it, prefetched (kept gathered:
+  every unit so far); at a unit's reduce, of ``u`` unsharded bytes, its unsharded gradient,
+  FSDP's copy of it into the reduce-scatter's input and gloo's own copy of that (``3 u``;
+  ``2 u`` on another backend), the reduced shard ``u / S`` (``S`` ranks a shard) and the unit
+  before it, prefetched (kept gathered: every unit before it); under HSDP, in a unit's backward
+  pass the reduced shards of the units after it, held until the pass ends. Without the
+  stretches (a trace of no FSDP hooks), the units' reduces alone, as if the rest of the step
+  held the same at each. Not modelled: a gathered unit the backend's worker thread still holds
+  after FSDP let it go (seen on some ranks, now and then: up to two units).
 - ``fsdp_forward_prefetch`` of ``K`` units: where units reshard after forward, the forward pass
   holds ``1 + K`` units gathered at once, against the two the backward pass holds already: the
-  peak grows by ``K - 1`` times the largest unit's unsharded bytes. Kept gathered, the units
-  are all gathered by the forward's end anyway: no change.
-- ``fsdp_merge_units`` of ``G``: where units reshard after forward, the two gathered at once
-  are groups: the peak grows by twice the difference between the ``G`` largest units' bytes
-  (an upper bound on a group's) and the largest unit's. Kept gathered: no change.
+  peak grows by ``K - 1`` times the largest unit's (group's) unsharded bytes. Kept gathered, the
+  units are all gathered by the forward's end anyway: no change.
 - ``fsdp_mesh`` of ``R×S``: each rank holds a ``1/S`` shard of the parameters, their gradients
-  and the optimizer's state, against the recorded ``1/S0``: those grow by ``S0 / S``. The
-  gathered units and the activations stay.
+  and the optimizer's state, against the recorded ``1/S0``: those grow by ``S0 / S`` (and the
+  backward pass's shards, above). The gathered units and the activations stay.
 - ``tp_mesh`` of ``DP×TP``: the parameters sharded over the tensor-parallel dimension, their
   gradients and the optimizer's state for them, ``1/TP`` on each rank against the recorded
   ``1/TP0``: that share of the rank's state grows by ``TP0 / TP``, and so do the step's
@@ -48,6 +57,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from dpro.analysis.fsdp import parse_mesh
@@ -72,8 +82,8 @@ def strategy_memory_bytes(settings: dict[str, Any], memory: dict[int, RankMemory
     if not memory:
         return None
     blocks = job_block_lists(layout, parallelism.fsdp if parallelism else []) or {}
-    return max(_rank_bytes(settings, m, layout, blocks) + _reshard_bytes(settings, parallelism)
-               + _prefetch_bytes(settings, parallelism) + _merge_bytes(settings, parallelism)
+    return max(_rank_bytes(settings, m, layout, blocks) + _fsdp_bytes(settings, m, parallelism)
+               + _prefetch_bytes(settings, parallelism)
                + _pipeline_bytes(settings, m, parallelism, rank) + _mesh_bytes(settings, m, parallelism)
                + _tp_bytes(settings, m, parallelism, rank)
                for rank, m in memory.items())
@@ -126,15 +136,71 @@ def _pipeline_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parall
     return round(new - held)
 
 
-def _reshard_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
-    """What ``reshard_after_forward`` adds to a rank's peak (negative: saves), against the units as recorded."""
-    reshard = settings.get("reshard_after_forward")
-    recorded = parallelism.fsdp_reshard if parallelism else None  # None: no unit holds parameters
-    if reshard is None or recorded is None or reshard == recorded:
+def _fsdp_bytes(settings: dict[str, Any], m: RankMemory, parallelism: Parallelism | None) -> int:
+    """What the settings' FSDP changes add to a rank's peak (negative: saves), against the units
+    as recorded (see the module docstring)."""
+    reshard, size, shape = (settings.get(k) for k in ("reshard_after_forward", "fsdp_merge_units", "fsdp_mesh"))
+    recorded_reshard = parallelism.fsdp_reshard if parallelism else None
+    if recorded_reshard is None or (reshard is None and not size and not shape):
         return 0
-    gathered = _gathered_bytes(parallelism, root=True)  # a unit of no parameters of its own gathers nothing
-    kept = max(0, sum(gathered) - 2 * max(gathered))
-    return -kept if reshard else kept
+    recorded_shape = parallelism.fsdp_mesh_shape
+    mesh = (1, recorded_shape[0]) if len(recorded_shape) == 1 else tuple(recorded_shape[-2:])
+    recorded = _Units([u for u in parallelism.fsdp if u.get("parameters") and not u.get("root")],
+                      recorded_reshard, mesh, 1, 3 if _reduces_with_gloo(parallelism, m.device) else 2)
+    changed = _Units(recorded.units, recorded_reshard if reshard is None else bool(reshard),
+                     parse_mesh(str(shape)) if shape else mesh, size or 1, recorded.copies)
+    if not m.fsdp_stretches:  # where the step's memory was not cut at its hooks: at the units' reduces
+        reduces = [u["module"] for u in recorded.units]
+        return round(max(changed.held("post_backward", u) for u in reduces)
+                     - max(recorded.held("post_backward", u) for u in reduces)) if reduces else 0
+    top = max(added for *_, added in m.fsdp_stretches)
+    return round(max(added - recorded.held(hook, module) + changed.held(hook, module)
+                     for hook, module, added in m.fsdp_stretches) - top)
+
+
+@dataclass(frozen=True)
+class _Units:
+    """FSDP's units (the root apart, in the recorded order: the modules'), grouped ``group`` at a
+    time, and what their gathered parameters and reduces hold at each hook (the module docstring)."""
+
+    units: list[dict[str, Any]]
+    reshard: bool
+    mesh: tuple[int, int]  # (replicate, shard)
+    group: int
+    copies: int  # of a unit's unsharded gradient while it is reduced
+
+    def held(self, hook: str, module: str) -> float:
+        """What the units hold in the stretch that ``hook`` of ``module`` opens, bytes."""
+        sizes = [int(u.get("unsharded_bytes") or 0) for u in self.units]
+        sizes = [sum(sizes[i:i + self.group]) for i in range(0, len(sizes), self.group)]
+        index = next((i for i, u in enumerate(self.units) if u["module"] == module), None)
+        replicate, shard = self.mesh
+        if index is None:  # the root's: before its forward, after it (all units gathered if kept), its backward
+            kept = {"post_forward": sum(sizes), "pre_backward": sum(sizes)}.get(hook, 0)
+            first = sizes[-1] if hook == "pre_backward" and sizes else 0  # prefetched as the backward begins
+            reduced = sum(sizes) / shard if hook == "post_backward" and replicate > 1 else 0
+            return (kept if not self.reshard else first) + reduced
+        k = index // self.group
+        if hook in ("pre_forward", "post_forward"):
+            return sum(sizes[:k + 1]) if not self.reshard else sizes[k] if hook == "pre_forward" else 0
+        later = sum(sizes[k + 1:]) / shard if replicate > 1 else 0  # HSDP: reduced shards held to the pass's end
+        if hook == "pre_backward":  # its gradients being computed; the unit before it prefetched
+            return (sum(sizes[:k + 1]) if not self.reshard else sizes[k] + (sizes[k - 1] if k else 0)) + later
+        gathered = sum(sizes[:k]) if not self.reshard else (sizes[k - 1] if k else 0)
+        return self.copies * sizes[k] + sizes[k] / shard + gathered + later
+
+
+def _reduces_with_gloo(parallelism: Parallelism, device: str | None) -> bool:
+    """Whether the FSDP units' shard group reduces with gloo on the device that holds the model
+    (gloo's reduce-scatter copies its input)."""
+    kind = (device or "cpu").split(":")[0]
+    for unit in parallelism.fsdp:
+        backends = parallelism.groups.get(str(unit.get("shard_group")), {}).get("backend") or ""
+        for pair in backends.split(","):
+            on, _, name = pair.partition(":")
+            if on == kind:
+                return name == "gloo"
+    return kind == "cpu"  # gloo is the CPU's backend where none was recorded
 
 
 def _prefetch_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
@@ -144,15 +210,6 @@ def _prefetch_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -
         return 0
     largest = sum(_gathered_bytes(parallelism, root=True)[:settings.get("fsdp_merge_units") or 1])  # a group's
     return max(0, depth - 1) * largest
-
-
-def _merge_bytes(settings: dict[str, Any], parallelism: Parallelism | None) -> int:
-    """What wrapping ``G`` units as one adds to a rank's peak."""
-    size = settings.get("fsdp_merge_units")
-    if not size or not _reshards(settings, parallelism):
-        return 0
-    gathered = _gathered_bytes(parallelism, root=False)
-    return 2 * (sum(gathered[:size]) - gathered[0]) if gathered else 0
 
 
 def _reshards(settings: dict[str, Any], parallelism: Parallelism | None) -> bool:

@@ -212,6 +212,17 @@ def test_a_collective_whose_issuing_call_returns_once_it_is_done_starts_where_it
         assert late_ms.max() <= 0.1, (run.name, float(late_ms.max()))
 
 
+def test_an_fsdp_step_s_memory_is_cut_at_its_hooks(fsdp_run: Path) -> None:
+    from dpro.analysis.memory import rank_memory
+
+    for rank, m in rank_memory(RunAnalysis.open(fsdp_run)).items():
+        assert max(added for *_, added in m.fsdp_stretches) == m.added_bytes, rank
+        hooks = [(hook, module) for hook, module, _ in m.fsdp_stretches]
+        assert {("pre_forward", "blocks.0"), ("pre_backward", ""), ("pre_backward", "blocks.1"),
+                ("post_backward", "blocks.0")} <= set(hooks), hooks
+        assert hooks.index(("post_forward", "blocks.1")) < hooks.index(("pre_backward", "blocks.1")), "in time order"
+
+
 def test_resharding_after_forward_is_predicted_and_fits_the_memory_budget_it_was_chosen_for(
         fsdp_run: Path, tmp_path: Path) -> None:
     from dpro.analysis.whatif import Change, predict
@@ -369,17 +380,75 @@ def test_prefetching_and_larger_units_hold_more_gathered_parameters_only_where_u
     recorded = peak({})
     assert peak({"fsdp_forward_prefetch": 1}) == recorded, "1 unit ahead: two gathered, as the backward pass holds"
     assert peak({"fsdp_forward_prefetch": 3}) == recorded + 2 * 300
-    assert peak({"fsdp_merge_units": 2}) == recorded + 2 * (300 + 200 - 300), "two groups of the two largest at most"
-    assert peak({"fsdp_merge_units": 2, "fsdp_forward_prefetch": 3}, reshard=False) == peak({}, reshard=False), \
+    assert peak({"fsdp_forward_prefetch": 3}, reshard=False) == peak({}, reshard=False), \
         "kept gathered, every unit is gathered by the forward's end anyway"
-    assert peak({"fsdp_mesh": "2x1"}) == recorded + 1000 + 1000, "a shard of one rank: parameters, gradients whole"
-    memory[0] = RankMemory(1000, 1000, 0, True, 600, 500, "cpu")  # optimizer state too, sharded as the rest
-    flat = Parallelism(world_size=4, fsdp=[{**u, "mesh_shape": [4]} for u in job(True).fsdp])
-    hsdp = Parallelism(world_size=4, fsdp=[{**u, "mesh_shape": [2, 2]} for u in job(True).fsdp])
-    assert strategy_memory_bytes({"fsdp_mesh": "2x2"}, memory, None, flat) == \
-        strategy_memory_bytes({}, memory, None, flat) + 2600, "shards of 2 ranks hold twice what shards of 4 do"
-    assert strategy_memory_bytes({"fsdp_mesh": "1x4"}, memory, None, hsdp) == \
-        strategy_memory_bytes({}, memory, None, hsdp) - 1300, "and half the other way"
+    # the backward pass's peak, at blocks.1's reduce: 3 copies of its 300 bytes, its 150-byte shard
+    # and blocks.0 prefetched (1150); blocks grouped two by two, at the second group's: 3 × 300 + 150 + 400
+    assert peak({"fsdp_merge_units": 2}) == recorded + 1450 - 1150, "a group's gradients are reduced at once"
+    assert peak({"fsdp_mesh": "2x1"}) == recorded + 1000 + 1000 + (900 + 300 + 100 + 300) - 1150, \
+        "a shard of one rank: parameters, gradients whole; at blocks.1's reduce, its whole gradient reduced and, " \
+        "replicated, the later blocks' held"
+
+
+def test_the_fsdp_backward_peak_follows_the_units_gathered_at_the_largest_unit_s_reduce() -> None:
+    from dpro.analysis.memory import RankMemory
+    from dpro.analysis.parallelism import Parallelism
+    from dpro.optimizer.memory_estimate import strategy_memory_bytes
+
+    def job(sizes: tuple[int, ...], mesh: list[int], backend: str = "cpu:gloo,cuda:gloo") -> Parallelism:
+        units = [{"module": "", "root": True, "parameters": 0, "unsharded_bytes": 0}]
+        units += [{"module": str(i), "root": False, "parameters": 1, "unsharded_bytes": b,
+                   "reshard_after_forward": True, "shard_group": "1", "mesh_shape": mesh} for i, b in enumerate(sizes)]
+        return Parallelism(world_size=4, fsdp=units, groups={"1": {"desc": "mesh_shard", "ranks": [], "backend": backend}})
+
+    memory = {0: RankMemory(1000, 1000, 0, True, 0, 5000, "cpu")}
+
+    def change(settings: dict, parallelism: Parallelism) -> int:
+        return strategy_memory_bytes(settings, memory, None, parallelism) - strategy_memory_bytes({}, memory, None,
+                                                                                                   parallelism)
+
+    head, embedding = job((100, 100, 100, 600), [2]), job((600, 100, 100, 100), [2])
+    assert change({"reshard_after_forward": False}, head) == 100 + 100, \
+        "at the head's reduce, kept gathered: the units before the one prefetched stay gathered"
+    assert change({"reshard_after_forward": False}, embedding) == 0, \
+        "the peak is at the first unit's reduce, where no other unit is gathered either way"
+    flat = job((600, 100, 100, 100), [4])
+    assert change({"fsdp_mesh": "2x2"}, flat) == 2000 + 600 // 2 - 600 // 4 + 300 // 2, \
+        "shards of 2: the state doubles, the embedding's reduced shard too, and the later units' shards stay"
+    # gloo copies its reduce-scatter's input: with it, the first unit's reduce is the peak (3 × 1000 +
+    # 500), against the last's kept gathered (3 × 600 + 300 + 1100); without it, the last's is (2600 > 2500)
+    memory[0] = RankMemory(1000, 1000, 0, True, 0, 5000, "cuda:0")
+    assert change({"reshard_after_forward": False}, job((1000, 100, 600), [2], "cpu:gloo,cuda:nccl")) == 2600 - 2500
+    assert change({"reshard_after_forward": False}, job((1000, 100, 600), [2], "cpu:gloo,cuda:gloo")) == 0
+
+
+def test_the_fsdp_estimate_moves_the_peak_to_the_stretch_of_the_step_the_change_fills() -> None:
+    from dpro.analysis.memory import RankMemory
+    from dpro.analysis.parallelism import Parallelism
+    from dpro.optimizer.memory_estimate import strategy_memory_bytes
+
+    def job(reshard: bool) -> Parallelism:
+        units = [{"module": "", "root": True, "parameters": 2, "unsharded_bytes": 50}]
+        units += [{"module": f"blocks.{i}", "root": False, "parameters": 4, "unsharded_bytes": 100,
+                   "reshard_after_forward": reshard} for i in range(2)]
+        return Parallelism(world_size=2, fsdp=units)
+
+    # resharded: the peak in blocks.1's backward (both blocks gathered, it and the one prefetched);
+    # the loss, after the root's forward, holds less, no block gathered
+    stretches = (("pre_forward", "", 300), ("pre_forward", "blocks.0", 400), ("post_forward", "blocks.0", 350),
+                 ("pre_forward", "blocks.1", 450), ("post_forward", "blocks.1", 400), ("post_forward", "", 1000),
+                 ("pre_backward", "", 950), ("pre_backward", "blocks.1", 1100), ("post_backward", "blocks.1", 1050),
+                 ("pre_backward", "blocks.0", 900), ("post_backward", "blocks.0", 800), ("post_backward", "", 600))
+    memory = {0: RankMemory(1000, 1000, 0, True, 0, 1100, "cpu", fsdp_stretches=stretches)}
+    recorded = strategy_memory_bytes({}, memory, None, job(True))
+    assert strategy_memory_bytes({"reshard_after_forward": False}, memory, None, job(True)) == recorded + 100, \
+        "kept gathered, the loss holds both blocks: 1000 + 200 over blocks.1's backward's 1100"
+    kept = {0: RankMemory(1000, 1000, 0, True, 0, 1200, "cpu", fsdp_stretches=tuple(
+        (hook, module, added + {("post_forward", ""): 200, ("pre_backward", ""): 100, ("post_forward", "blocks.1"): 200,
+                                ("post_forward", "blocks.0"): 100, ("pre_forward", "blocks.1"): 100}.get((hook, module), 0))
+        for hook, module, added in stretches))}
+    assert strategy_memory_bytes({"reshard_after_forward": True}, kept, None, job(False)) == recorded, \
+        "and back: the stretches less what kept units held there"
 
 
 def test_a_sharded_parameters_temporaries_at_the_peak_resize_with_tensor_parallel() -> None:

@@ -20,7 +20,8 @@ __all__ = ["Parallelism"]
 
 @dataclass(frozen=True)
 class Parallelism:
-    """``groups``: process group name -> its description and ranks (every rank's view merged);
+    """``groups``: process group name -> its description, ranks and backends (``backend_config``:
+    ``"cpu:gloo,cuda:nccl"``; every rank's view merged);
     ``mesh``: the largest device mesh (``shape``, ``dim_names``, ``groups``) or None; ``fsdp``:
     rank 0's FSDP units; ``pipeline``: rank 0's schedule or None; ``stages``: each rank's
     pipeline stage (ranks with one stage only); ``sharded_parameters``: each rank's local bytes
@@ -39,7 +40,8 @@ class Parallelism:
         groups: dict[str, dict[str, Any]] = {}
         for meta in metas.values():
             for g in meta.process_groups:
-                groups.setdefault(str(g["pg_name"]), {"desc": g.get("pg_desc", ""), "ranks": g.get("ranks", [])})
+                groups.setdefault(str(g["pg_name"]), {"desc": g.get("pg_desc", ""), "ranks": g.get("ranks", []),
+                                                      "backend": g.get("backend_config", "")})
         first = metas[min(metas)] if metas else RankMeta()
         parallel = first.parallel
         return cls(world_size=first.world_size or len(metas) or 1, groups=groups,

@@ -128,6 +128,24 @@ class MemoryTrace(msgspec.Struct, frozen=True):
         return found
 
 
+    def stretch_peaks(self, device: str, pattern: re.Pattern) -> list[tuple[str | None, int]]:
+        """``device``'s highest total over what it began with in each stretch of the trace between
+        the starts of successive names matching ``pattern`` (each name's first event, in time
+        order), with the name that opens it (None: the stretch before the first); empty where
+        ``device`` has no memory events."""
+        memory = self.devices.get(device)
+        if memory is None or not memory.times:
+            return []
+        marks = sorted((ts, name) for name, ts in self.first_starts.items() if pattern.match(name))
+        starts: list[tuple[float, str | None]] = [(float("-inf"), None), *marks]
+        found = []
+        for (start, name), (end, _) in zip(starts, [*starts[1:], (float("inf"), None)]):
+            lo, hi = bisect.bisect_left(memory.times, start), bisect.bisect_left(memory.times, end)
+            top = max([memory.totals[lo - 1] if lo else memory.before, *memory.totals[lo:hi]])
+            found.append((name, int(top - memory.before)))
+        return found
+
+
 def _device_name(kind: int, index: int) -> str:
     """``cpu``, ``cuda:0``...: a device of the allocator's events as :class:`MemoryPeak` names it."""
     name = DEVICE_TYPES.get(kind, f"device-type-{kind}")
