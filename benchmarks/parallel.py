@@ -35,8 +35,8 @@ Goals (issue 28): replay as recorded within 5%; what-if mean |error| <= 5%, max 
 most half of no change's error wherever the true change is >= 10%; the memory estimate within
 10% of the measured peak (the allocator's events of the target's own recording), beside the
 memory's noise floor: the spread of the peaks of the target's ranks that do the same work (an
-FSDP or tensor-parallel job's; gloo's worker threads hold a gathered unit a while longer on some
-ranks, now and then).
+FSDP or tensor-parallel job's: on some ranks, now and then, a unit's gathered buffer stays
+allocated after FSDP resharded it).
 
 ``--examples``: the bundled example jobs (``examples/train_parallel.py``: FSDP2 on 2 ranks, tensor
 parallel with data parallel on a 2×2 mesh, a 2-stage pipeline), real models on the CPU over
