@@ -20,7 +20,9 @@ The model:
 * :func:`measure` runs a probe schedule: in each round, every pair's a->b flow at once, then
   every pair's b->a flow at once, each phase alongside a random set of other tenants'
   flows. Probes and background flows have random ephemeral source ports, so their paths are
-  unknown to an observer. Each measured rate is the true rate times exp(N(0, noise)).
+  unknown to an observer, unless the prober gives its probes' ports (as ``iperf3 --cport``
+  does): then a probe repeated on the same port takes the same path, still unseen. Each
+  measured rate is the true rate times exp(N(0, noise)).
 
 Names: hosts are ``h0, h1, ...``, switches ``leaf0``, ``spine0``, ``edge0_1``, ``agg0_1``,
 ``core0``. dpro models a host with its default NIC as a node ``h0/nic0`` joined to ``h0``, so
@@ -257,12 +259,15 @@ def _max_min(routes: list[list[int]], group: np.ndarray, capacity: np.ndarray,
 def measure(fabric: Fabric, rounds: Sequence[Sequence[tuple[int, int]]],
             faults: Iterable[Fault] = (), noise: float = 0.0,
             background: Background | float = 0.0,
-            rng: np.random.Generator | int | None = None) -> list[tuple[int, int, int, float]]:
+            rng: np.random.Generator | int | None = None,
+            sports: Sequence[int] | None = None) -> list[tuple[int, int, int, float]]:
     """Run a probe schedule; rows ``(src, dst, round, gbps)``, two per pair (a->b, then b->a).
 
     Each round runs in two phases, every pair's a->b flow at once, then every pair's b->a;
     each phase also carries ``background`` flows (a float ``x`` is ``Background(flows=x *
     number of hosts)``). Each rate is its max-min fair share times exp(N(0, noise)).
+    ``sports``: the probes' source ports, one per row in the rows' order (random ephemeral
+    ports where None).
     """
     rng = np.random.default_rng(rng)
     if not isinstance(background, Background):
@@ -270,7 +275,10 @@ def measure(fabric: Fabric, rounds: Sequence[Sequence[tuple[int, int]]],
     phases = [list(pairs) if forward else [(b, a) for a, b in pairs]
               for pairs in rounds for forward in (True, False)]
     probes = [(a, b, p) for p, pairs in enumerate(phases) for a, b in pairs]
-    sports = rng.integers(*EPHEMERAL_PORTS, size=len(probes))
+    if sports is None:
+        sports = rng.integers(*EPHEMERAL_PORTS, size=len(probes))
+    elif len(sports) != len(probes):
+        raise ValueError(f"{len(sports)} source ports for {len(probes)} probes")
     flows = [Flow(a, b, int(port)) for (a, b, _), port in zip(probes, sports)]
     extra, extra_phase, extra_demand = _background(fabric, background, len(phases), rng)
     group = np.concatenate([[p for *_, p in probes], extra_phase]).astype(int)

@@ -95,6 +95,17 @@ def test_probes_take_random_paths():
     assert rates == {50, 100}
 
 
+def test_probes_on_the_ports_the_prober_chose_take_the_same_path_every_time():
+    fabric = leaf_spine(2, 1, 2)
+    faults = [Fault("switch", "spine1", 0.5)]
+    by_port = {port: {round(measure(fabric, [[(0, 1)]], faults, rng=seed, sports=[port, port])[0][3])
+                      for seed in range(10)} for port in range(40000, 40010)}
+    assert all(len(rates) == 1 for rates in by_port.values()), by_port
+    assert set().union(*by_port.values()) == {50, 100}, "the ports still spread the probes over both spines"
+    with pytest.raises(ValueError, match="1 source ports for 2 probes"):
+        measure(fabric, [[(0, 1)]], sports=[40000])
+
+
 def test_max_min_fair_shares():
     fabric = leaf_spine(2, 2, 1)  # h0, h1 on leaf0; h2, h3 on leaf1; 100 G uplinks
     assert flow_rates(fabric, [Flow(0, 2, 1), Flow(1, 3, 2)]) == pytest.approx([50, 50])
