@@ -56,6 +56,7 @@ with what the strategy's settings change.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -170,11 +171,20 @@ class _Units:
     group: int
     copies: int  # of a unit's unsharded gradient while it is reduced
 
+    @functools.cached_property
+    def sizes(self) -> list[int]:
+        """The groups' unsharded bytes, in order."""
+        each = [int(u.get("unsharded_bytes") or 0) for u in self.units]
+        return [sum(each[i:i + self.group]) for i in range(0, len(each), self.group)]
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Each unit's place among the units, by module."""
+        return {u["module"]: i for i, u in reversed(list(enumerate(self.units)))}
+
     def held(self, hook: str, module: str) -> float:
         """What the units hold in the stretch that ``hook`` of ``module`` opens, bytes."""
-        sizes = [int(u.get("unsharded_bytes") or 0) for u in self.units]
-        sizes = [sum(sizes[i:i + self.group]) for i in range(0, len(sizes), self.group)]
-        index = next((i for i, u in enumerate(self.units) if u["module"] == module), None)
+        sizes, index = self.sizes, self.index.get(module)
         replicate, shard = self.mesh
         if index is None:  # the root's: before its forward, after it (all units gathered if kept), its backward
             kept = {"post_forward": sum(sizes), "pre_backward": sum(sizes)}.get(hook, 0)
