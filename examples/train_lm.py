@@ -269,12 +269,13 @@ def main(argv: list[str] | None = None) -> None:
         profiler.stop()
     if args.step_times:
         write_step_times(args.step_times, rank, ends)
-    # Free the process group's last users (DDP's reducer sits in reference cycles) so that
-    # destroying it joins gloo's worker threads now: left running into interpreter shutdown, a
-    # worker that frees a finished collective aborts the process with "terminate called without
-    # an active exception" (torch 2.13 on CPU: 4 runs in 40 of this script, with or without dpro;
-    # none in 40 with this teardown).
-    del ddp, optimizer, model
+    # Free the process group's last users (DDP's reducer sits in reference cycles; ``forward`` is
+    # DDP itself or its compiled wrapper) so that destroying it joins gloo's worker threads now:
+    # left running into interpreter shutdown, a worker that frees a finished collective aborts
+    # the process with "terminate called without an active exception" (torch 2.13 on CPU: 4 runs
+    # in 40 of this script, with or without dpro). Until ``forward`` was freed too, DDP outlived
+    # this teardown, and a PowerSGD run still aborted now and then.
+    del forward, ddp, optimizer, model
     gc.collect()
     dist.destroy_process_group()
 

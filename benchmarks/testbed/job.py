@@ -300,7 +300,8 @@ def run_parallel(args: argparse.Namespace, spec: dict, model: nn.Sequential) -> 
     if args.step_times and rank == 0:
         with open(args.step_times, "w") as f:
             f.writelines(f"{b - a}\n" for a, b in zip(ends, ends[1:]))
-    del module, optimizer, model
+    # freed before the group is destroyed (see examples/train_lm.py): step's closure holds the module
+    step = module = schedule = optimizer = model = None  # type: ignore[assignment]
     gc.collect()
     dist.destroy_process_group()
 
