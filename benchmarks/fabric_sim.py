@@ -260,14 +260,17 @@ def measure(fabric: Fabric, rounds: Sequence[Sequence[tuple[int, int]]],
             faults: Iterable[Fault] = (), noise: float = 0.0,
             background: Background | float = 0.0,
             rng: np.random.Generator | int | None = None,
-            sports: Sequence[int] | None = None) -> list[tuple[int, int, int, float]]:
+            sports: Sequence[int] | None = None,
+            pair_ports: np.ndarray | None = None) -> list[tuple[int, int, int, float]]:
     """Run a probe schedule; rows ``(src, dst, round, gbps)``, two per pair (a->b, then b->a).
 
     Each round runs in two phases, every pair's a->b flow at once, then every pair's b->a;
     each phase also carries ``background`` flows (a float ``x`` is ``Background(flows=x *
     number of hosts)``). Each rate is its max-min fair share times exp(N(0, noise)).
-    ``sports``: the probes' source ports, one per row in the rows' order (random ephemeral
-    ports where None).
+    ``sports``: the probes' source ports, one per row in the rows' order; or ``pair_ports``,
+    an ``n x n`` table of each directed host pair's source port (a job's backend keeps one
+    connection per pair, so every probe of a pair takes its path); random ephemeral ports
+    where neither is given.
     """
     rng = np.random.default_rng(rng)
     if not isinstance(background, Background):
@@ -275,7 +278,9 @@ def measure(fabric: Fabric, rounds: Sequence[Sequence[tuple[int, int]]],
     phases = [list(pairs) if forward else [(b, a) for a, b in pairs]
               for pairs in rounds for forward in (True, False)]
     probes = [(a, b, p) for p, pairs in enumerate(phases) for a, b in pairs]
-    if sports is None:
+    if pair_ports is not None:
+        sports = [pair_ports[a, b] for a, b, _ in probes]
+    elif sports is None:
         sports = rng.integers(*EPHEMERAL_PORTS, size=len(probes))
     elif len(sports) != len(probes):
         raise ValueError(f"{len(sports)} source ports for {len(probes)} probes")

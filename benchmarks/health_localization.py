@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from dpro.anomaly.fabric.follow_up import CONFIRM, DOUBT, EXTRA, PASSES, probe_adaptively
+from dpro.anomaly.fabric.follow_up import CONFIRM, DOUBT, EXTRA, PASSES, SWEEPS, probe_adaptively
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
 from dpro.anomaly.fabric.localize import CLIP, NO_PEERS, Z_CLASS, Z_COUNT, localize
 from dpro.anomaly.fabric.probes import Probes, analyze
@@ -62,10 +62,11 @@ from dpro.anomaly.suspects import Suspect
 from . import fabric_sim as sim
 
 TUNING_SEED = 1
-SCORING_SEED = 8945295
-"""Drawn once the masked-paths rule (localize's module docstring) was written and its tests
-passed, and committed with it (`a6a3bcb`); scored once. Earlier:
-4613165 (drawn after the review's fixes; the current figures until this seed's run), 1916299
+SCORING_SEED = 3346315
+"""Drawn once the repeated rounds (:data:`dpro.anomaly.fabric.follow_up.SWEEPS`, tuned on
+``TUNING_SEED``) and the simulator's one path per host pair's connection were written and their
+tests passed, and committed with them; scored once. Earlier: 8945295 (the masked-paths rule,
+`a6a3bcb`; every probe a new path), 4613165 (drawn after the review's fixes; the current figures until this seed's run), 1916299
 (scored no_peers 1.5, rejected: see localize.NO_PEERS)."""
 FAULTS_PER_POINT, QUICK_FAULTS_PER_POINT, TUNING_FAULTS = 200, 40, 100
 SIZES = (0.05, 0.10, 0.20, 0.40)
@@ -78,6 +79,7 @@ GOAL_ALARMS = {LIGHT: 0.02, HEAVY: 0.05}  # issue 29's goals, by background
 TUNE_ALARMS = 0.05  # the bound the tuning kept (226b413), looser than the light goal
 DOUBTS, Z_CLASSES = (0.3, 0.5), (5.0, 5.5, 6.0)
 NO_PEERS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0)
+SWEEPS_GRID = (1, 3, 5, 8)
 
 Localize = Callable[["Case", Probes], list[Suspect]]
 
@@ -90,6 +92,7 @@ class Follow:
     confirm: float = CONFIRM
     extra: float = EXTRA
     passes: int = PASSES
+    sweeps: int = SWEEPS
 
 
 @dataclass
@@ -184,16 +187,22 @@ def finds(suspect: Suspect, fault: sim.Fault) -> bool:
 def probed(case: Case, rng: np.random.Generator, size: float, noise: float, background: sim.Background,
            follow_up: Follow = Follow()) -> tuple[sim.Fault | None, Probes]:
     """A fault of ``size`` (none for 0), and the probes of the health check's schedule and its
-    follow-ups on the fabric with it."""
+    follow-ups on the fabric with it. As over the check's job: every probe of a host pair one
+    way goes over one connection (one source port, drawn for the trial), and a round's repeats
+    share its probe time (each ``1/sweeps`` of it: its noise ``sqrt(sweeps)`` times; the
+    simulator's noise is of a probe of the whole time)."""
     fault = draw_fault(case.fabric, rng, size) if size > 0 else None
+    n = len(case.fabric.hosts)
+    ports = rng.integers(*sim.EPHEMERAL_PORTS, size=(n, n))
 
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
-        rows = np.array(sim.measure(case.fabric, rounds, [fault] if fault else [], noise, background, rng))
+        rows = np.array(sim.measure(case.fabric, rounds, [fault] if fault else [], noise * np.sqrt(follow_up.sweeps),
+                                    background, rng, pair_ports=ports))
         return Probes(case.fabric.hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64),
                       rows[:, 2].astype(np.int64) + first_round, rows[:, 3])
 
     probes, _ = probe_adaptively(measure, case.topology, case.tiers, case.rounds, follow_up.extra, follow_up.passes,
-                                 follow_up.doubt, follow_up.confirm)
+                                 follow_up.doubt, follow_up.confirm, sweeps=follow_up.sweeps)
     return fault, probes
 
 
@@ -285,7 +294,8 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
     for (name, background, noise, size), t in results.items():
         case = (f"{name}, others slow {exposure[name, background]:.0%} of probes, noise {noise:.0%}, "
                 + (f"fault {size:.0%}" if size else "no fault") + f", {len(t.found)} trials (seed {seed})")
-        spent = f"{np.mean(t.probes):.0f} probes a trial, {np.mean(t.probes) / first_sweep[name]:.2f}x the first sweep"
+        spent = (f"{np.mean(t.probes):.0f} probes a trial, each the median of {SWEEPS} repeats, "
+                 f"{np.mean(t.probes) / first_sweep[name]:.2f}x the first sweep")
         if not size:
             alarms, baseline = np.mean(np.asarray(t.named) > 0), np.mean(np.asarray(t.baseline_named) > 0)
             low, high = wilson(int(np.sum(np.asarray(t.named) > 0)), len(t.named))
@@ -369,6 +379,28 @@ def tune_no_peers(faults: int = TUNING_FAULTS) -> float:
     return chosen
 
 
+def tune_sweeps(faults: int = TUNING_FAULTS // 2) -> int:
+    """The first sweep's repeats (:data:`dpro.anomaly.fabric.follow_up.SWEEPS`), the rest as
+    tuned: of ``SWEEPS_GRID``, the fewest false alarms under ``HEAVY`` background among those
+    whose mean recall at 10–40% faults is within 0.02 of the best and whose false alarms under
+    ``LIGHT`` stay within ``TUNE_ALARMS``. Each setting measures its own trials (of
+    ``TUNING_SEED``, drawn alike; the tuned fabrics only). Prints each setting's figures."""
+    grid = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
+    grid += [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES[1:])]
+    figures = {}
+    for count in SWEEPS_GRID:
+        results = sweep(TUNING_SEED, faults, grid, fabrics=cases(held_out=False), follow_up=Follow(sweeps=count))
+        light = max(np.mean([n > 0 for n in t.named]) for (_, b, _, size), t in results.items() if b == LIGHT and not size)
+        heavy = max(np.mean([n > 0 for n in t.named]) for (_, b, _, size), t in results.items() if b == HEAVY and not size)
+        recall = float(np.mean([np.mean(t.found) for (_, _, _, size), t in results.items() if size]))
+        figures[count] = (light, heavy, recall)
+        print(f"sweeps {count}: false alarms {light:.3f} light (worst noise), {heavy:.3f} heavy; "
+              f"mean recall {recall:.3f}", flush=True)
+    best = max(recall for _, _, recall in figures.values())
+    within = [c for c, (light, _, recall) in figures.items() if recall >= best - 0.02 and light <= TUNE_ALARMS]
+    return min(within or figures, key=lambda c: (figures[c][1], c))
+
+
 def run(quick: bool = False) -> list[dict]:
     """The sweep on ``SCORING_SEED``'s trials, as rows of the benchmark table."""
     fabrics = cases()
@@ -383,7 +415,9 @@ def _row(case: str, metric: str, value: float, baseline: float, goal: str, met: 
 
 
 if __name__ == "__main__":
-    if "--tune-no-peers" in sys.argv:
+    if "--tune-sweeps" in sys.argv:
+        print(f"chosen on seed {TUNING_SEED}: sweeps {tune_sweeps()} (the default: {SWEEPS})")
+    elif "--tune-no-peers" in sys.argv:
         print(f"chosen on seed {TUNING_SEED}: no_peers {tune_no_peers()} (the default: {NO_PEERS})")
     elif "--tune" in sys.argv:
         doubt, z_class = tune()

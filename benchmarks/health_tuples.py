@@ -8,8 +8,10 @@ mostly goes. Compared, at the localizer's own first-sweep thresholds, with one s
 same repeats on random ports (every probe pooled).
 
 Tuning side only: trials of :data:`benchmarks.health_localization.TUNING_SEED`, the tuned fabrics
-(the held-out fabric stays out, as the scoring needs), 5% noise; not a scored figure, and not
-what ``dpro health`` does yet (its probes take the ports the kernel gives).
+(the held-out fabric stays out, as the scoring needs), 5% noise; not a scored figure. Each
+repeat here is as noisy as one whole probe, and the follow-ups are left out; what ``dpro
+health`` now does (every round repeated, each repeat a share of the probe time, over the job's
+connections) was tuned with ``python -m benchmarks.health_localization --tune-sweeps``.
 
     python -m benchmarks.health_tuples [--trials 40] [--json out.json]
 """

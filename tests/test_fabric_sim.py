@@ -106,6 +106,15 @@ def test_probes_on_the_ports_the_prober_chose_take_the_same_path_every_time():
         measure(fabric, [[(0, 1)]], sports=[40000])
 
 
+def test_a_host_pairs_connection_keeps_its_path_in_every_round_it_is_probed():
+    fabric = leaf_spine(2, 1, 2)  # h0 on leaf0, h1 on leaf1: every probe crosses a spine
+    faults = [Fault("switch", "spine1", 0.5)]
+    for seed in range(10):
+        ports = np.random.default_rng(seed).integers(32768, 61000, size=(2, 2))
+        rows = measure(fabric, [[(0, 1)]] * 4, faults, rng=seed, pair_ports=ports)
+        assert {round(r[3]) for r in rows if r[0] == 0} in ({50}, {100}), rows  # one path a direction
+
+
 def test_max_min_fair_shares():
     fabric = leaf_spine(2, 2, 1)  # h0, h1 on leaf0; h2, h3 on leaf1; 100 G uplinks
     assert flow_rates(fabric, [Flow(0, 2, 1), Flow(1, 3, 2)]) == pytest.approx([50, 50])

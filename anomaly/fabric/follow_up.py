@@ -1,21 +1,30 @@
-"""Adaptive probing: after a sweep, probe again where the evidence is in doubt.
+"""Adaptive probing: measure the first sweep again, then probe again where the evidence is in doubt.
 
-One sweep gives a NIC about ``n`` probes a direction and an uplink that ECMP shares with others
-a fraction of its pod's: a 10% fault in 10% noise then leaves its class past the noise but short
-of the localizer's threshold. So after the first sweep every class past :data:`DOUBT` of its
-threshold but not named, and every suspect named with less than :data:`CONFIRM` times it, is
-probed again: the host pairs whose probes may cross it, once more each (each probe a new
-connection, so ECMP may pick another path), until none is left in doubt, the extra pairs reach
-:data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done. Fresh probes through a
-class that stood out by chance pull it back under its threshold; those through a fault push it
-past; the suspects are then named from every probe at the stricter :data:`Z_CLASS`. A class
-every probe of its lengths may cross (both spines of a leaf-spine) is not followed up: no probe
-outside it shows what healthy looks like. The rounds keep the pairs of a round apart as the
-first sweep's do (:mod:`dpro.anomaly.fabric.schedule`). Doubt is judged at the
-localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`. Of the
-settings, :data:`DOUBT` and :data:`Z_CLASS` were tuned on ``benchmarks.health_localization``'s
-tuning trials (``--tune``); :data:`EXTRA` (one more sweep at most: the check's time),
-:data:`CONFIRM` and :data:`PASSES` were set, not tuned.
+**Repeats.** The job keeps one connection between two hosts, so a pair probed again takes the
+path ECMP picked for it before. Every round is measured :data:`SWEEPS` times, each repeat a
+share of its probe time, and each direction's median kept: a fault on a probe's path slows
+every repeat, while other tenants' traffic, passing, slows some. (Follow-ups measured once
+beside repeated first sweeps brought back what the repeats had cleared: their probes that
+passing traffic slowed stood out against the medians' spread, tuning seed 1.)
+
+**Follow-ups.** One sweep gives a NIC about ``n`` probes a direction and an uplink that ECMP
+shares with others a fraction of its pod's: a 10% fault in 10% noise then leaves its class past
+the noise but short of the localizer's threshold. So after the first sweep every class past
+:data:`DOUBT` of its threshold but not named, and every suspect named with less than
+:data:`CONFIRM` times it, is probed again: the host pairs whose probes may cross it, once more
+each (on the paths they took before), until none is left in doubt, the extra pairs reach
+:data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done. Probes measured again
+through a class that other traffic or chance slowed pull it back under its threshold; those
+through a fault push it past; the suspects are then named from every probe at the stricter
+:data:`Z_CLASS`. A class every probe of its lengths may cross (both spines of a leaf-spine) is
+not followed up: no probe outside it shows what healthy looks like. The rounds keep the pairs
+of a round apart as the first sweep's do (:mod:`dpro.anomaly.fabric.schedule`). Doubt is judged
+at the localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`.
+
+**Settings.** :data:`DOUBT` and :data:`Z_CLASS` were tuned on ``benchmarks.health_localization``'s
+tuning trials (``--tune``), when its simulator gave every probe a new path; :data:`SWEEPS` later
+(``--tune-sweeps``), on the paths a job's connections keep; :data:`EXTRA` (one more sweep at
+most: the check's time), :data:`CONFIRM` and :data:`PASSES` were set, not tuned.
 """
 
 from __future__ import annotations
@@ -29,12 +38,15 @@ from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 
-__all__ = ["CONFIRM", "DOUBT", "EXTRA", "PASSES", "Z_CLASS", "follow_up", "probe_adaptively"]
+__all__ = ["CONFIRM", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "follow_up", "probe_adaptively", "repeated"]
 
 DOUBT = 0.3
 CONFIRM = 2.0
 EXTRA = 1.0
 PASSES = 3
+SWEEPS = 8
+"""How many times each round is measured, each repeat a share of its probe time (see the module
+docstring)."""
 Z_CLASS = 5.5
 """The pooled threshold after follow-ups: other tenants' traffic slows a few probes of every
 class, and follow-ups add probes to the classes the first sweep's chance picked; a stricter bar
@@ -64,17 +76,28 @@ def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float
     return list(pairs)[:budget]
 
 
+def repeated(measure: Measure, rounds: list[list[tuple[int, int]]], sweeps: int, first_round: int = 0) -> Probes:
+    """``rounds`` measured ``sweeps`` times (numbered on from ``first_round``), each direction's
+    median in the first measurement's rounds; a repeat the check's time budget cut short is
+    left out."""
+    probes = measure(rounds, first_round)
+    repeats = [measure(rounds, first_round + k * len(rounds)) for k in range(1, sweeps)]
+    whole = [r for r in repeats if len(r.value) == len(probes.value)]
+    return probes.medians(*whole)
+
+
 def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[Sequence[str]],
                      first: list[list[tuple[int, int]]], extra: float = EXTRA, passes: int = PASSES,
                      doubt: float = DOUBT, confirm: float = CONFIRM,
                      agree: Agree = lambda pairs: pairs, schedule: Schedule | None = None,
-                     routing: Routing | None = None) -> tuple[Probes, int]:
-    """The first sweep's rounds, then up to ``passes`` follow-ups; every probe measured and the
-    number of pairs the follow-ups measured. ``agree``: the pairs every prober takes, given this
-    one's (a job's ranks take rank 0's: their floats may differ by a last bit). ``schedule``:
-    the rounds of the pairs a follow-up probes (default: :func:`probe_rounds` over ``tiers``);
+                     routing: Routing | None = None, sweeps: int = SWEEPS) -> tuple[Probes, int]:
+    """The first sweep's rounds, then up to ``passes`` follow-ups, each measured ``sweeps`` times
+    (:func:`repeated`); every probe kept and the number of pairs the follow-ups measured. ``agree``: the pairs every prober takes, given this one's (a
+    job's ranks take rank 0's: their floats may differ by a last bit). ``schedule``: the rounds
+    of the pairs a follow-up probes (default: :func:`probe_rounds` over ``tiers``);
     ``routing``: the known routes the localizer weighs the probes by, if any."""
-    probes = measure(first, 0)
+    probes = repeated(measure, first, sweeps)
+    next_round = sweeps * len(first)
     budget = int(extra * sum(len(r) for r in first))
     added = 0
     for _ in range(passes):
@@ -84,9 +107,10 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
         if not pairs:
             break
         rounds = schedule(pairs) if schedule is not None else probe_rounds(len(probes.hosts), tiers, pairs)
-        more = measure(rounds, int(probes.round.max()) + 1)
+        more = repeated(measure, rounds, sweeps, next_round)
         if not len(more.value):  # the check's time budget ran out
             break
+        next_round += sweeps * len(rounds)
         probes = probes.extended(more)
         added += len({(min(a, b), max(a, b)) for a, b in zip(more.src.tolist(), more.dst.tolist())})
     return probes, added

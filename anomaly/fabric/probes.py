@@ -90,6 +90,16 @@ class Probes:
         return replace(self, src=self.src[which], dst=self.dst[which], round=self.round[which],
                        value=self.value[which])
 
+    def medians(self, *repeats: Probes) -> Probes:
+        """These probes, each direction's value the median of it and its measurements in
+        ``repeats`` (the same probes measured again, in the same order): a probe repeated on the
+        same connection takes the same path, so a fault slows every repeat while other tenants'
+        traffic slows some."""
+        if any(len(r.value) != len(self.value) or (r.src != self.src).any() or (r.dst != self.dst).any()
+               for r in repeats):
+            raise ProbeError("repeats of a sweep hold the same probes in the same order")
+        return replace(self, value=np.median(np.stack([self.value, *(r.value for r in repeats)]), axis=0))
+
     def extended(self, more: Probes) -> Probes:
         """These probes and then ``more`` (probes of the same hosts), with these flags."""
         return replace(self, src=np.r_[self.src, more.src], dst=np.r_[self.dst, more.dst],

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpro.anomaly.fabric.follow_up import probe_adaptively
+from dpro.anomaly.fabric.follow_up import SWEEPS, probe_adaptively, repeated
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
@@ -61,7 +61,7 @@ class Measured(NamedTuple):
 def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float, device: torch.device,
                      tiers: Sequence[dict[str, str]] = (), budget: Budget | None = None,
                      topology: nx.MultiGraph | None = None,
-                     routing: Routing | None = None) -> Measured:
+                     routing: Routing | None = None, sweeps: int = SWEEPS) -> Measured:
     """What :class:`Measured` holds, on every rank. Every rank must call it; ``tiers``: host ->
     edge switch, host -> pod, to keep probes of a round apart. With the ``topology``, the first
     sweep is followed up where it leaves a class in doubt
@@ -69,7 +69,10 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
     decisions from the same gathered probes). ``routing``: the topology's known routes
     (by destination); the rounds then follow them, each pair both ways at once (over gloo;
     NCCL takes no tags to keep a pair's two streams apart, so there one way after the other),
-    and the follow-ups weigh the probes by them."""
+    and the follow-ups weigh the probes by them. Every round is measured ``sweeps`` times, each
+    probe ``seconds / sweeps`` long, and each direction's median kept: the job keeps one
+    connection between two ranks, so a repeat takes the same path
+    (:func:`dpro.anomaly.fabric.follow_up.repeated`)."""
     heads = leaders(rank_hosts)
     hosts = [rank_hosts[r] for r in heads]
     if len(heads) < 2:
@@ -80,17 +83,21 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
 
     both_ways = routing is not None and dist.get_backend() == "gloo"
 
+    schedule = _routed(routing, hosts) if routing is not None else None
+    first = schedule(None) if schedule is not None else probe_rounds(len(heads), groups)
+
+    opened: set[tuple[int, int]] = set()  # directions probed before: their connection is open
+
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
-        rows = _probe_rounds(heads, rounds, first_round, elements, seconds, device, budget, cut, both_ways)
+        rows = _probe_rounds(heads, rounds, first_round, elements, seconds / sweeps, device, budget, cut, both_ways,
+                             opened)
         return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
                       rows[:, 3], both_ways=both_ways)
 
-    schedule = _routed(routing, hosts) if routing is not None else None
-    first = schedule(None) if schedule is not None else probe_rounds(len(heads), groups)
     if topology is None:
-        return Measured(measure(first, 0), (cut or [None])[0], 0, len(first))
+        return Measured(repeated(measure, first, sweeps), (cut or [None])[0], 0, len(first))
     probes, added = probe_adaptively(measure, topology, groups, first, agree=_rank0s, schedule=schedule,
-                                     routing=routing)
+                                     routing=routing, sweeps=sweeps)
     return Measured(probes, (cut or [None])[0], added, len(first))
 
 
@@ -117,10 +124,13 @@ def _rank0s(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_round: int, elements: int,
                   seconds: float, device: torch.device, budget: Budget | None, cut: list[str],
-                  both_ways: bool = False) -> np.ndarray:
+                  both_ways: bool = False, opened: set[tuple[int, int]] | None = None) -> np.ndarray:
     """Run ``rounds`` (host indices; the hosts' lowest ranks probe), each pair one way then the
     other, or ``both_ways`` at once; rows ``(src, dst, round, Gb/s)`` on every rank. Once the
-    ``budget`` is spent the rest is not run, and said in ``cut``."""
+    ``budget`` is spent the rest is not run, and said in ``cut``. ``opened``: the directions
+    probed before (every rank keeps the same set), whose first message need not open the
+    connection again."""
+    opened = set() if opened is None else opened
     me = dist.get_rank()
     found: list[tuple[int, int, int, float]] = []
     for index, pairs in enumerate(rounds):
@@ -128,23 +138,27 @@ def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_r
             cut.append(budget.cut(f"{len(rounds) - index} of {len(rounds)} probe rounds not run"))
             break
         for a, b in pairs:
+            warm = {(a, b): (a, b) in opened, (b, a): (b, a) in opened}
+            opened.update(warm)
             if both_ways and me in (heads[a], heads[b]):
                 src, dst = (a, b) if me == heads[a] else (b, a)
-                found.append((src, dst, first_round + index, _exchange(heads[dst], elements, seconds, device)))
+                gbps = _exchange(heads[dst], elements, seconds, device, warm[src, dst], warm[dst, src])
+                found.append((src, dst, first_round + index, gbps))
                 continue
             for src, dst in ((a, b), (b, a)):
                 if me == heads[src]:
-                    gbps = _send(heads[dst], elements, seconds, device)
+                    gbps = _send(heads[dst], elements, seconds, device, opened=warm[src, dst])
                     found.append((src, dst, first_round + index, gbps))
                 elif me == heads[dst]:
-                    _receive(heads[src], elements, device)
+                    _receive(heads[src], elements, device, opened=warm[src, dst])
         dist.barrier()
     everyone: list[list[tuple[int, int, int, float]]] = [[] for _ in range(dist.get_world_size())]
     dist.all_gather_object(everyone, found)
     return np.array([p for part in everyone for p in part], np.float64).reshape(-1, 4)
 
 
-def _exchange(peer: int, elements: int, seconds: float, device: torch.device) -> float:
+def _exchange(peer: int, elements: int, seconds: float, device: torch.device, sending_opened: bool = False,
+              receiving_opened: bool = False) -> float:
     """Send to ``peer`` while receiving its probe (a thread receives); Gb/s sent. The
     acknowledgements go on a tag of their own (:data:`ACK_TAG`), so that neither side takes the
     other's acknowledgement for a message of its probe."""
@@ -152,14 +166,14 @@ def _exchange(peer: int, elements: int, seconds: float, device: torch.device) ->
 
     def receive() -> None:
         try:
-            _receive(peer, elements, device, ack_tag=ACK_TAG)
+            _receive(peer, elements, device, ack_tag=ACK_TAG, opened=receiving_opened)
         except Exception as e:  # raised again on the probing thread
             failed.append(e)
 
     receiver = threading.Thread(target=receive, name="dpro-health-probe", daemon=True)
     receiver.start()
     try:
-        gbps = _send(peer, elements, seconds, device, ack_tag=ACK_TAG)
+        gbps = _send(peer, elements, seconds, device, ack_tag=ACK_TAG, opened=sending_opened)
     finally:
         receiver.join()
     if failed:
@@ -167,11 +181,13 @@ def _exchange(peer: int, elements: int, seconds: float, device: torch.device) ->
     return gbps
 
 
-def _send(peer: int, elements: int, seconds: float, device: torch.device, ack_tag: int = 0) -> float:
+def _send(peer: int, elements: int, seconds: float, device: torch.device, ack_tag: int = 0,
+          opened: bool = False) -> float:
     message = torch.ones(elements, device=device)
     ack = torch.zeros(1, device=device)
-    dist.send(message, peer)  # the first message opens the connection: not timed
-    dist.recv(ack, peer, tag=ack_tag)
+    if not opened:  # the first message opens the connection: not timed
+        dist.send(message, peer)
+        dist.recv(ack, peer, tag=ack_tag)
     start = time.perf_counter()
     dist.send(message, peer)
     dist.recv(ack, peer, tag=ack_tag)
@@ -186,10 +202,10 @@ def _send(peer: int, elements: int, seconds: float, device: torch.device, ack_ta
     return count * elements * 4 * 8 / elapsed / 1e9
 
 
-def _receive(peer: int, elements: int, device: torch.device, ack_tag: int = 0) -> None:
+def _receive(peer: int, elements: int, device: torch.device, ack_tag: int = 0, opened: bool = False) -> None:
     message = torch.empty(elements, device=device)
     ack = torch.zeros(1, device=device)
-    for _ in range(2):
+    for _ in range(1 if opened else 2):
         dist.recv(message, peer)
         dist.send(ack, peer, tag=ack_tag)
     count = torch.zeros(1, device=device)

@@ -10,6 +10,9 @@
     pairwise:
       megabytes: 1                # per message
       seconds: 0.4                # of traffic per direction of each pair
+      sweeps: 8                   # each round's repeats, sharing its seconds: each direction's
+                                  # median is judged (over the job's connection a repeat takes the
+                                  # same path: a fault slows each, other tenants' traffic some)
       routes: unknown             # or destination: the fabric routes by destination (InfiniBand's
                                   # fat-tree routing, host d over uplink d mod k, d the host's place
                                   # in the topology's natural order), so with the topology a round
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dpro.anomaly.fabric.follow_up import SWEEPS
 from dpro.errors import DproError
 
 __all__ = ["ALL_OPS", "HealthConfig", "HealthConfigError", "load_config"]
@@ -62,6 +66,7 @@ class Collectives:
 class Pairwise:
     megabytes: float = 1.0
     seconds: float = 0.4
+    sweeps: int = SWEEPS
     routes: str = "unknown"
 
 
@@ -115,6 +120,8 @@ def load_config(path: str | os.PathLike | None) -> HealthConfig:
     pairwise = _section(spec, "pairwise", Pairwise, path)
     if pairwise.megabytes <= 0 or pairwise.seconds <= 0:
         raise HealthConfigError(f"{path}: pairwise.megabytes and pairwise.seconds must be positive")
+    if pairwise.sweeps < 1:
+        raise HealthConfigError(f"{path}: pairwise.sweeps must be at least 1, not {pairwise.sweeps}")
     if pairwise.routes not in ROUTES:
         raise HealthConfigError(f"{path}: pairwise.routes is one of {', '.join(ROUTES)}, not {pairwise.routes!r}")
     if pairwise.routes == "destination" and spec.get("topology") is None:

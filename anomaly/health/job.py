@@ -83,7 +83,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
             if topology is not None and config.pairwise.routes == "destination" else None
         probes, cut, again, first_rounds = measure_pairwise(rank_hosts, config.pairwise.megabytes,
                                                             config.pairwise.seconds, device, tiers, budget, topology,
-                                                            routing)
+                                                            routing, config.pairwise.sweeps)
         if cut:
             job_checks.append(Check("pairwise.budget", "skip", cut))
         if again:
@@ -119,7 +119,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
     if probes is not None:
         report.suspects = judge_network(report, probes, topology, routing, config.rules)
         report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes), "routes": config.pairwise.routes,
-                                    "rounds": len(np.unique(probes.round))}
+                                    "rounds": len(np.unique(probes.round)), "sweeps": config.pairwise.sweeps}
     else:
         report.node(JOB).checks.append(Check("pairwise", "skip", "one host: no host pairs to probe"))
     apply_rules(report, config, history)
