@@ -90,7 +90,7 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
 
     def measure(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
         rows = _probe_rounds(heads, rounds, first_round, elements, seconds / sweeps, device, budget, cut, both_ways,
-                             opened)
+                             opened, max(1, MAX_MESSAGES // sweeps))  # the repeats share the cap, as the time
         return Probes(hosts, rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2].astype(np.int64),
                       rows[:, 3], both_ways=both_ways)
 
@@ -124,12 +124,13 @@ def _rank0s(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_round: int, elements: int,
                   seconds: float, device: torch.device, budget: Budget | None, cut: list[str],
-                  both_ways: bool = False, opened: set[tuple[int, int]] | None = None) -> np.ndarray:
+                  both_ways: bool = False, opened: set[tuple[int, int]] | None = None,
+                  max_messages: int = MAX_MESSAGES) -> np.ndarray:
     """Run ``rounds`` (host indices; the hosts' lowest ranks probe), each pair one way then the
     other, or ``both_ways`` at once; rows ``(src, dst, round, Gb/s)`` on every rank. Once the
     ``budget`` is spent the rest is not run, and said in ``cut``. ``opened``: the directions
     probed before (every rank keeps the same set), whose first message need not open the
-    connection again."""
+    connection again; ``max_messages``: a probe's cap."""
     opened = set() if opened is None else opened
     me = dist.get_rank()
     found: list[tuple[int, int, int, float]] = []
@@ -142,12 +143,13 @@ def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_r
             opened.update(warm)
             if both_ways and me in (heads[a], heads[b]):
                 src, dst = (a, b) if me == heads[a] else (b, a)
-                gbps = _exchange(heads[dst], elements, seconds, device, warm[src, dst], warm[dst, src])
+                gbps = _exchange(heads[dst], elements, seconds, device, warm[src, dst], warm[dst, src], max_messages)
                 found.append((src, dst, first_round + index, gbps))
                 continue
             for src, dst in ((a, b), (b, a)):
                 if me == heads[src]:
-                    gbps = _send(heads[dst], elements, seconds, device, opened=warm[src, dst])
+                    gbps = _send(heads[dst], elements, seconds, device, opened=warm[src, dst],
+                                 max_messages=max_messages)
                     found.append((src, dst, first_round + index, gbps))
                 elif me == heads[dst]:
                     _receive(heads[src], elements, device, opened=warm[src, dst])
@@ -158,7 +160,7 @@ def _probe_rounds(heads: list[int], rounds: list[list[tuple[int, int]]], first_r
 
 
 def _exchange(peer: int, elements: int, seconds: float, device: torch.device, sending_opened: bool = False,
-              receiving_opened: bool = False) -> float:
+              receiving_opened: bool = False, max_messages: int = MAX_MESSAGES) -> float:
     """Send to ``peer`` while receiving its probe (a thread receives); Gb/s sent. The
     acknowledgements go on a tag of their own (:data:`ACK_TAG`), so that neither side takes the
     other's acknowledgement for a message of its probe."""
@@ -173,7 +175,8 @@ def _exchange(peer: int, elements: int, seconds: float, device: torch.device, se
     receiver = threading.Thread(target=receive, name="dpro-health-probe", daemon=True)
     receiver.start()
     try:
-        gbps = _send(peer, elements, seconds, device, ack_tag=ACK_TAG, opened=sending_opened)
+        gbps = _send(peer, elements, seconds, device, ack_tag=ACK_TAG, opened=sending_opened,
+                     max_messages=max_messages)
     finally:
         receiver.join()
     if failed:
@@ -182,17 +185,18 @@ def _exchange(peer: int, elements: int, seconds: float, device: torch.device, se
 
 
 def _send(peer: int, elements: int, seconds: float, device: torch.device, ack_tag: int = 0,
-          opened: bool = False) -> float:
+          opened: bool = False, max_messages: int = MAX_MESSAGES) -> float:
     message = torch.ones(elements, device=device)
     ack = torch.zeros(1, device=device)
-    if not opened:  # the first message opens the connection: not timed
-        dist.send(message, peer)
-        dist.recv(ack, peer, tag=ack_tag)
+    # not timed: the first message opens the connection; on an open one a one-element ping
+    # lines the two sides up, so that the timed message below does not wait for the receiver
+    dist.send(ack if opened else message, peer)
+    dist.recv(ack, peer, tag=ack_tag)
     start = time.perf_counter()
     dist.send(message, peer)
     dist.recv(ack, peer, tag=ack_tag)
     one = time.perf_counter() - start
-    count = int(min(MAX_MESSAGES, max(1, round(seconds / max(one, 1e-6)))))
+    count = int(min(max_messages, max(1, round(seconds / max(one, 1e-6)))))
     dist.send(torch.tensor([float(count)], device=device), peer)
     start = time.perf_counter()
     for _ in range(count):
@@ -205,8 +209,8 @@ def _send(peer: int, elements: int, seconds: float, device: torch.device, ack_ta
 def _receive(peer: int, elements: int, device: torch.device, ack_tag: int = 0, opened: bool = False) -> None:
     message = torch.empty(elements, device=device)
     ack = torch.zeros(1, device=device)
-    for _ in range(1 if opened else 2):
-        dist.recv(message, peer)
+    for first in (True, False):  # the opening message or ping (see _send), then the timed one
+        dist.recv(torch.zeros(1, device=device) if first and opened else message, peer)
         dist.send(ack, peer, tag=ack_tag)
     count = torch.zeros(1, device=device)
     dist.recv(count, peer)

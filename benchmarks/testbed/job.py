@@ -226,10 +226,10 @@ def main() -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(spec.get("seed", 0))
     torch.set_num_threads(1)
-    model = build_model(spec)
     if args.form != "ddp":
-        run_parallel(args, spec, model)
+        run_parallel(args, spec, build_model(spec))  # it holds the only reference: freed before the group
         return
+    model = build_model(spec)
     options = {"bucket_cap_mb": args.bucket_cap_mb}
     if args.first_bucket_mb is not None:
         options = {"bucket_cap_mb_list": [args.first_bucket_mb, args.bucket_cap_mb]}
@@ -301,7 +301,7 @@ def run_parallel(args: argparse.Namespace, spec: dict, model: nn.Sequential) -> 
         with open(args.step_times, "w") as f:
             f.writelines(f"{b - a}\n" for a, b in zip(ends, ends[1:]))
     # freed before the group is destroyed (see examples/train_lm.py): step's closure holds the module
-    step = module = schedule = optimizer = model = None  # type: ignore[assignment]
+    step = module = schedule = optimizer = model = dp_group = None  # type: ignore[assignment]
     gc.collect()
     dist.destroy_process_group()
 
