@@ -1,4 +1,4 @@
-"""Adaptive probing: measure the first sweep again, then probe again where the evidence is in doubt.
+"""Adaptive probing: every round measured again on its paths, and follow-ups where the evidence is in doubt.
 
 **Repeats.** The job keeps one connection between two hosts, so a pair probed again takes the
 path ECMP picked for it before. Every round is measured :data:`SWEEPS` times, each repeat a
@@ -92,8 +92,9 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
                      agree: Agree = lambda pairs: pairs, schedule: Schedule | None = None,
                      routing: Routing | None = None, sweeps: int = SWEEPS) -> tuple[Probes, int]:
     """The first sweep's rounds, then up to ``passes`` follow-ups, each measured ``sweeps`` times
-    (:func:`repeated`); every probe kept and the number of pairs the follow-ups measured. ``agree``: the pairs every prober takes, given this one's (a
-    job's ranks take rank 0's: their floats may differ by a last bit). ``schedule``: the rounds
+    (:func:`repeated`); every probe kept and the number of pairs the follow-ups measured.
+    ``agree``: the pairs every prober takes, given this one's (a job's ranks take rank 0's:
+    their floats may differ by a last bit). ``schedule``: the rounds
     of the pairs a follow-up probes (default: :func:`probe_rounds` over ``tiers``);
     ``routing``: the known routes the localizer weighs the probes by, if any."""
     probes = repeated(measure, first, sweeps)
