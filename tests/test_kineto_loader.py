@@ -505,3 +505,31 @@ def test_a_shapes_step_is_decoded_once_then_read_from_its_cache(tmp_path: Path) 
     trace.write_bytes(b"\x1f\x8b truncated")
     with pytest.raises(TraceFormatError, match="cannot read"):
         shapes_step.load_shapes_step(trace, cache)
+
+
+def test_frees_the_profiler_missed_are_taken_from_the_totals_where_the_address_is_reused(tmp_path: Path) -> None:
+    """A real FSDP2 shapes step on gloo (tests/data/NOTICE): two all-gather outputs were freed on
+    gloo's worker thread, unseen, and torch's CPU total kept counting them. Their addresses,
+    handed out again with no free between, prove the frees; the reader's totals drop there, and
+    the peak says how much of it such blocks may be."""
+    from dpro.graph.kineto.allocator import MemoryTrace
+
+    trace = DATA / "cpu" / "fsdp2-gloo-2rank-shapes-rank0.json.gz"
+    events = [e for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"] if e.get("name") == "[memory]"]
+    events.sort(key=lambda e: e["ts"])
+    reported = [e["args"]["Total Allocated"] for e in events]
+    before = reported[0] - events[0]["args"]["Bytes"]
+    (peak,) = MemoryTrace.read(trace).peaks()
+    assert max(reported) - before == 3_454_792, "torch's own total, never dropping for the unseen frees"
+    assert peak.added_bytes == 3_390_536, "torch's peak counts the root's gathered block (139,776 B) and its reuse"
+    assert peak.unseen_free_bytes == 139_776 + 199_936, "both still unproven at the peak: freed by then, or not"
+
+    def memory(ts: int, nbytes: int, addr: int, total: int) -> str:
+        return json.dumps({"name": "[memory]", "ph": "i", "ts": ts, "args": {
+            "Bytes": nbytes, "Addr": addr, "Total Allocated": total, "Device Type": 0, "Device Id": -1}})
+
+    small = tmp_path / "t.json"  # 100 B at address 1 freed unseen, its address reused at ts 3 and the peak after
+    small.write_text('{"traceEvents": [' + ", ".join([
+        memory(1, 100, 1, 100), memory(2, 50, 2, 150), memory(3, 100, 1, 250), memory(4, 10, 3, 260)]) + "]}")
+    (peak,) = MemoryTrace.read(small).peaks()
+    assert (peak.added_bytes, peak.unseen_free_bytes, peak.allocations) == (160, 0, [100, 50, 10])

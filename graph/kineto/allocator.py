@@ -6,6 +6,14 @@ process holds on the device; on the CPU it counts only what was allocated since 
 started (it starts from zero). The peak a step added on top of what it began with is the same
 on both: the highest total less the total before the first event. Traces from before Kineto
 wrote the total (2021) have only ``Bytes``: the total is then their running sum.
+
+**Frees the profiler misses.** On the CPU the profiler sees a free only on a thread it follows:
+a tensor whose last reference is dropped elsewhere (gloo's worker thread releasing a finished
+collective after FSDP dropped its output) is freed unseen, and the CPU's total never drops for
+it (torch counts it until the process ends). The allocator handing out the same address again,
+with no free between, proves such a free: the totals here drop by the block at that
+reallocation, the latest it can have been freed. Whether it was still held at the peak cannot
+be told: :attr:`MemoryPeak.unseen_free_bytes` says how much of the peak is such blocks.
 """
 
 from __future__ import annotations
@@ -51,13 +59,17 @@ class MemoryPeak(msgspec.Struct, frozen=True):
     held before the trace's first allocation; ``total_bytes``, the highest ``Total
     Allocated`` (on the CPU, counted from the profiler's start); ``events``; ``allocations``,
     the sizes of the trace's allocations still held at the peak, largest first (empty where the
-    events name no addresses)."""
+    events name no addresses); ``unseen_free_bytes``, how much of the peak is allocations freed
+    where the profiler did not see it, their address handed out again only after the peak: they
+    may have been freed before it, so the peak lies between ``added_bytes -
+    unseen_free_bytes`` and ``added_bytes``."""
 
     device: str
     added_bytes: int
     total_bytes: int
     events: int
     allocations: list[int] = []
+    unseen_free_bytes: int = 0
 
 
 def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
@@ -68,13 +80,16 @@ def memory_peaks(path: str | os.PathLike) -> list[MemoryPeak]:
 
 class DeviceMemory(msgspec.Struct, frozen=True):
     """One device's allocator events in time order: their times (us), the total allocated after
-    each, the total before the first, and the sizes of the allocations made since then and
-    still held at the highest total (first reached), largest first."""
+    each (less the frees the profiler missed, from the reallocation that proves each), the
+    total before the first, the sizes of the allocations made since then and still held at the
+    highest total (first reached), largest first, and the bytes of those whose free was missed
+    (:attr:`MemoryPeak.unseen_free_bytes`)."""
 
     times: list[float]
     totals: list[float]
     before: float
     at_peak: list[int] = []
+    unseen_at_peak: int = 0
 
 
 class MemoryTrace(msgspec.Struct, frozen=True):
@@ -107,7 +122,8 @@ class MemoryTrace(msgspec.Struct, frozen=True):
 
     def peaks(self) -> list[MemoryPeak]:
         """Each device's :class:`MemoryPeak`; empty where the trace holds no memory events."""
-        return [MemoryPeak(device, max(0, int(max(m.totals) - m.before)), int(max(m.totals)), len(m.times), m.at_peak)
+        return [MemoryPeak(device, max(0, int(max(m.totals) - m.before)), int(max(m.totals)), len(m.times), m.at_peak,
+                           m.unseen_at_peak)
                 for device, m in self.devices.items()]
 
     def added_before(self, device: str, names: dict[str, re.Pattern]) -> dict[str, int | None]:
@@ -162,22 +178,46 @@ def _per_device(trace: _File) -> dict[tuple[int, int], DeviceMemory]:
     for key, events in per_device.items():
         args = [e.args for e in events]
         if any(a.total_allocated is None for a in args):
-            totals = list(itertools.accumulate(a.nbytes for a in args))
+            reported = list(itertools.accumulate(a.nbytes for a in args))
         else:
-            totals = [a.total_allocated for a in args]
-        out[key] = DeviceMemory([float(e.ts) for e in events], [float(t) for t in totals],
-                                float(totals[0] - args[0].nbytes), _held_at_peak(args, totals))
+            reported = [a.total_allocated for a in args]
+        unseen = _unseen_frees(args)
+        missed = list(itertools.accumulate(unseen.get(i, (0, 0))[1] for i in range(len(args))))
+        totals = [float(t - m) for t, m in zip(reported, missed)]
+        peak = totals.index(max(totals))
+        out[key] = DeviceMemory([float(e.ts) for e in events], totals, float(reported[0] - args[0].nbytes),
+                                _held_at_peak(args, peak),
+                                sum(size for again, (made, size) in unseen.items() if made <= peak < again))
     return out
 
 
-def _held_at_peak(args: list[_Args], totals: list[float]) -> list[int]:
-    """The sizes of the allocations among ``args`` not yet freed when ``totals`` first reaches
-    its highest, largest first (a free is matched to its allocation by address); empty where
-    the events name no addresses."""
+def _unseen_frees(args: list[_Args]) -> dict[int, tuple[int, int]]:
+    """The allocations among ``args`` freed where the profiler did not see it, by the index of
+    the allocation that reused each one's address with no free between: ``(index of the
+    unseen-freed allocation, its bytes)``; empty where the events name no addresses."""
+    if any(a.addr is None for a in args):
+        return {}
+    held: dict[int, int] = {}
+    found = {}
+    for i, a in enumerate(args):
+        if a.nbytes > 0:
+            if a.addr in held:
+                made = held[a.addr]
+                found[i] = (made, int(args[made].nbytes))
+            held[a.addr] = i
+        else:
+            held.pop(a.addr, None)
+    return found
+
+
+def _held_at_peak(args: list[_Args], peak: int) -> list[int]:
+    """The sizes of the allocations among ``args`` not yet freed at the event ``peak``, largest
+    first (a free is matched to its allocation by address, an allocation that reuses an address
+    replaces it); empty where the events name no addresses."""
     if any(a.addr is None for a in args):
         return []
     held: dict[int, int] = {}
-    for a in args[:totals.index(max(totals)) + 1]:
+    for a in args[:peak + 1]:
         if a.nbytes > 0:
             held[a.addr] = int(a.nbytes)
         else:
