@@ -36,6 +36,7 @@ from typing import Any, Callable
 from dpro.collectors.apply import Applier, from_environment
 from dpro.collectors.losses import loss, report_loss
 from dpro.collectors.probe import ENV_PROBE, PROBE_STEPS, MicrobatchProbe, count_training_calls
+from dpro.collectors.settled_waits import settle_waits
 from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, PROBE_COLLECTIVES_FILE,
                              PROBE_FILE, PROBE_TRACE_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS, STEPS_FILE, TRACE_FILE,
                              early_errors_file, rank_dir, write_json_atomic)
@@ -122,6 +123,7 @@ class _Recorder:
         self.profiler: Any = None
         self.window_start_ns = 0  # when the profiler started: the collective log keeps what followed
         self.shapes_profiler: Any = None
+        self.unsettle_waits: Callable[[], None] | None = None  # while the shapes step runs
         self.ddp_modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every optimizer that stepped
         self.previous_sigterm: Any = None
@@ -236,9 +238,11 @@ class _Recorder:
                         self.rank, metadata.rank_and_world_size()[1]))
             elif self.step == self.window.shapes:
                 self.shapes_profiler = self.new_profiler(record_shapes=True, profile_memory=True)
+                self.unsettle_waits = settle_waits()
                 self.shapes_profiler.start()
             elif self.shapes_profiler is not None:
                 shapes, self.shapes_profiler = self.shapes_profiler, None
+                self.end_settled_waits()
                 try:
                     shapes.stop()
                     self.export(shapes, SHAPES_TRACE_FILE)
@@ -468,6 +472,7 @@ class _Recorder:
         profilers = [p for p in (self.profiler, self.shapes_profiler, self.probe_profiler) if p is not None]
         self.profiler = self.shapes_profiler = self.probe_profiler = None
         self.restore_sigterm()
+        self.end_settled_waits()
         for profiler in profilers:
             try:
                 profiler.stop()
@@ -478,10 +483,21 @@ class _Recorder:
             except Exception as e:
                 self.log_error("freeing a profiler", e)
 
+    def end_settled_waits(self) -> None:
+        """Put back the collectives' own ``wait`` (:mod:`dpro.collectors.settled_waits`), if the
+        shapes step changed it."""
+        unsettle, self.unsettle_waits = self.unsettle_waits, None
+        if unsettle is not None:
+            try:
+                unsettle()
+            except Exception as e:
+                self.log_error("putting back the collectives' wait", e)
+
     def close_profiler(self, save: bool) -> None:
         """Stop a profiler still running (job ending inside the window), saving what it has; the
         shapes step's and the probe's are stopped and dropped (a probe cut short is not kept)."""
         shapes, self.shapes_profiler = self.shapes_profiler, None
+        self.end_settled_waits()
         if shapes is not None:
             try:
                 shapes.stop()

@@ -252,6 +252,38 @@ def test_resharding_after_forward_is_predicted_and_fits_the_memory_budget_it_was
     assert max(least for least, _ in measured.values()) <= budget_gb * 1e9, (measured, budget_gb)
 
 
+def test_the_shapes_step_waits_for_the_collectives_thread_and_puts_wait_back(tmp_path: Path) -> None:
+    """While the shapes step runs, a collective's wait pauses after it returns (so that gloo's worker
+    thread drops the collective's tensors before the job does, where the profiler sees the free);
+    then ``Work.wait`` is torch's again. A real one-rank gloo group in its own process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "wait.py"
+    script.write_text(f"""
+import time, torch, torch.distributed as dist
+from torch._C._distributed_c10d import Work
+from dpro.collectors.settled_waits import SETTLE_S, settle_waits
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+def quickest():
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        times.append(time.perf_counter() - start)
+    return min(times)
+own = Work.wait
+quickest()  # the first collective connects
+undo = settle_waits()
+paused = quickest()
+undo()
+print(paused >= SETTLE_S, Work.wait is own, quickest() < SETTLE_S)
+dist.destroy_process_group()
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["True", "True", "True"], (result.stdout, result.stderr)
+
+
 def test_forward_prefetch_is_predicted_where_fsdp_issues_it(fsdp_run: Path) -> None:
     from dpro.analysis.whatif import Change, CostModel
     from dpro.optimizer.passes import fsdp_prefetch
