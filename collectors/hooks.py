@@ -238,6 +238,7 @@ class _Recorder:
                         self.rank, metadata.rank_and_world_size()[1]))
             elif self.step == self.window.shapes:
                 self.shapes_profiler = self.new_profiler(record_shapes=True, profile_memory=True)
+                self.end_settled_waits()
                 self.unsettle_waits = settle_waits()
                 self.shapes_profiler.start()
             elif self.shapes_profiler is not None:

@@ -28,9 +28,8 @@ with what the strategy's settings change.
   before it, prefetched (kept gathered: every unit before it); under HSDP, in a unit's backward
   pass the reduced shards of the units after it, held until the pass ends. Without the
   stretches (a trace of no FSDP hooks), the units' reduces alone, as if the rest of the step
-  held the same at each. Not modelled: a unit's gathered buffer that stays allocated after FSDP
-  resharded the unit, on some ranks now and then (one rank of four, to the step's end, on the
-  tuning jobs; what holds it was not found).
+  held the same at each. (A unit's gathered buffer that seemed to stay allocated on some ranks
+  after FSDP resharded it was frees the CPU profiler missed: :mod:`dpro.collectors.settled_waits`.)
 - ``fsdp_forward_prefetch`` of ``K`` units: where units reshard after forward, the forward pass
   holds ``1 + K`` units gathered at once, against the two the backward pass holds already: the
   peak grows by ``K - 1`` times the largest unit's (group's) unsharded bytes. Kept gathered, the

@@ -521,15 +521,19 @@ def test_frees_the_profiler_missed_are_taken_from_the_totals_where_the_address_i
     before = reported[0] - events[0]["args"]["Bytes"]
     (peak,) = MemoryTrace.read(trace).peaks()
     assert max(reported) - before == 3_454_792, "torch's own total, never dropping for the unseen frees"
-    assert peak.added_bytes == 3_390_536, "torch's peak counts the root's gathered block (139,776 B) and its reuse"
+    assert peak.added_bytes == 3_390_536, "after the root's gathered block (139,776 B) is reused, counted once"
     assert peak.unseen_free_bytes == 139_776 + 199_936, "both still unproven at the peak: freed by then, or not"
 
-    def memory(ts: int, nbytes: int, addr: int, total: int) -> str:
+    def memory(ts: int, nbytes: int, addr: int, total: int, device: int) -> str:
         return json.dumps({"name": "[memory]", "ph": "i", "ts": ts, "args": {
-            "Bytes": nbytes, "Addr": addr, "Total Allocated": total, "Device Type": 0, "Device Id": -1}})
+            "Bytes": nbytes, "Addr": addr, "Total Allocated": total, "Device Type": device, "Device Id": device - 1}})
 
     small = tmp_path / "t.json"  # 100 B at address 1 freed unseen, its address reused at ts 3 and the peak after
-    small.write_text('{"traceEvents": [' + ", ".join([
-        memory(1, 100, 1, 100), memory(2, 50, 2, 150), memory(3, 100, 1, 250), memory(4, 10, 3, 260)]) + "]}")
-    (peak,) = MemoryTrace.read(small).peaks()
-    assert (peak.added_bytes, peak.unseen_free_bytes, peak.allocations) == (160, 0, [100, 50, 10])
+    small.write_text('{"traceEvents": [' + ", ".join([  # on the CPU, torch's total keeps the unseen-freed block
+        *(memory(ts, nbytes, addr, total, 0) for ts, nbytes, addr, total in
+          [(1, 100, 1, 100), (2, 50, 2, 150), (3, 100, 1, 250), (4, 10, 3, 260)]),  # on a GPU, the total dropped
+        *(memory(ts, nbytes, addr, total, 1) for ts, nbytes, addr, total in
+          [(1, 100, 1, 100), (2, 50, 2, 150), (3, 100, 1, 150), (4, 10, 3, 160)])]) + "]}")
+    cpu, gpu = MemoryTrace.read(small).peaks()
+    assert (cpu.device, cpu.added_bytes, cpu.unseen_free_bytes, cpu.allocations) == ("cpu", 160, 0, [100, 50, 10])
+    assert (gpu.device, gpu.added_bytes, gpu.unseen_free_bytes) == ("cuda:0", 160, 0), "not taken out twice"

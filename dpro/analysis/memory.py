@@ -8,11 +8,11 @@
   window (``trace-shapes.json.gz``, recorded with ``profile_memory``).
 
 The estimate is their sum. On the CPU, a free made on a thread the profiler does not follow
-is not seen (:mod:`dpro.graph.kineto.allocator`): the peak is then known to within the bytes
-it may count that were freed before it (:attr:`RankMemory.least_peak_bytes`). Nor is memory
-freed by the step that was allocated before the profiler started, so a job that frees its
-gradients every step (``zero_grad(set_to_none=True)``) has them counted twice: the estimate
-errs high.
+is not seen: the shapes step lets gloo's worker thread finish first
+(:mod:`dpro.collectors.settled_waits`), and the reader takes out those proven by the address's
+reuse (:mod:`dpro.graph.kineto.allocator`). Nor is memory freed by the step that was allocated
+before the profiler started, so a job that frees its gradients every step
+(``zero_grad(set_to_none=True)``) has them counted twice: the estimate errs high.
 """
 
 from __future__ import annotations
@@ -39,10 +39,7 @@ class RankMemory:
     ``fsdp_stretches``: an FSDP job's step cut at its FSDP hooks, each stretch as ``(hook,
     module, added bytes)``, the hook that opens it (``("post_backward", "layers.3")``: that
     unit's reduce; the root's module is ``""``; ``("", "", ...)``: before the first hook) and
-    the most the step added in it (empty without FSDP or the step's memory);
-    ``unseen_free_bytes``: how much of ``added_bytes`` is allocations whose free the profiler
-    missed and that may have been freed before the peak
-    (:attr:`dpro.graph.kineto.allocator.MemoryPeak.unseen_free_bytes`)."""
+    the most the step added in it (empty without FSDP or the step's memory)."""
 
     parameters_bytes: int
     gradients_bytes: int
@@ -54,7 +51,6 @@ class RankMemory:
     pipeline_activation_bytes: int | None = None
     peak_allocations: tuple[int, ...] = ()
     fsdp_stretches: tuple[tuple[str, str, int], ...] = ()
-    unseen_free_bytes: int = 0
 
     @property
     def held_bytes(self) -> int:
@@ -64,12 +60,6 @@ class RankMemory:
     @property
     def peak_bytes(self) -> int:
         return self.held_bytes + (self.added_bytes or 0)
-
-    @property
-    def least_peak_bytes(self) -> int:
-        """The peak less what may have been freed before it unseen (``unseen_free_bytes``): the
-        measured peak lies between this and :attr:`peak_bytes`."""
-        return self.peak_bytes - self.unseen_free_bytes
 
 
 def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
@@ -86,7 +76,7 @@ def rank_memory(analysis: RunAnalysis) -> dict[int, RankMemory]:
             held.parameters_bytes, held.gradients_bytes, sum(sum(d.bucket_bytes) for d in ddp),
             bool(ddp) and all(d.gradient_as_bucket_view for d in ddp), held.optimizer_state_bytes,
             peak.added_bytes if peak else None, peak.device if peak else None, activations,
-            tuple(peak.allocations) if peak else (), stretches, peak.unseen_free_bytes if peak else 0)
+            tuple(peak.allocations) if peak else (), stretches)
     return found
 
 

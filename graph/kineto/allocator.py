@@ -7,13 +7,15 @@ started (it starts from zero). The peak a step added on top of what it began wit
 on both: the highest total less the total before the first event. Traces from before Kineto
 wrote the total (2021) have only ``Bytes``: the total is then their running sum.
 
-**Frees the profiler misses.** On the CPU the profiler sees a free only on a thread it follows:
-a tensor whose last reference is dropped elsewhere (gloo's worker thread releasing a finished
-collective after FSDP dropped its output) is freed unseen, and the CPU's total never drops for
-it (torch counts it until the process ends). The allocator handing out the same address again,
-with no free between, proves such a free: the totals here drop by the block at that
-reallocation, the latest it can have been freed. Whether it was still held at the peak cannot
-be told: :attr:`MemoryPeak.unseen_free_bytes` says how much of the peak is such blocks.
+**Frees the profiler misses.** The profiler sees a free only on a thread it follows: a tensor
+whose last reference is dropped elsewhere (gloo's worker thread releasing a finished collective
+after FSDP dropped its output) is freed unseen. A GPU's total is the caching allocator's own and
+drops for it all the same; the CPU's never does (torch counts the block until the process ends,
+and counts its address again once reused), nor does a running sum of the events. There the
+allocator handing out the same address again, with no free between, proves such a free: the
+totals drop by the block at that reallocation, the latest it can have been freed. Whether it
+was still held at the peak cannot be told (:attr:`MemoryPeak.unseen_free_bytes`). A free
+missed on an address never handed out again stays counted.
 """
 
 from __future__ import annotations
@@ -56,13 +58,13 @@ _DECODER = msgspec.json.Decoder(_File)
 
 class MemoryPeak(msgspec.Struct, frozen=True):
     """One device's memory in a trace: ``added_bytes``, the most allocated on top of what was
-    held before the trace's first allocation; ``total_bytes``, the highest ``Total
-    Allocated`` (on the CPU, counted from the profiler's start); ``events``; ``allocations``,
-    the sizes of the trace's allocations still held at the peak, largest first (empty where the
-    events name no addresses); ``unseen_free_bytes``, how much of the peak is allocations freed
-    where the profiler did not see it, their address handed out again only after the peak: they
-    may have been freed before it, so the peak lies between ``added_bytes -
-    unseen_free_bytes`` and ``added_bytes``."""
+    held before the trace's first allocation; ``total_bytes``, the highest total (``Total
+    Allocated``, less the frees the profiler missed where they are proven; on the CPU, counted
+    from the profiler's start); ``events``; ``allocations``, the sizes of the trace's
+    allocations still held at the peak, largest first (empty where the events name no
+    addresses); ``unseen_free_bytes``, how much of the peak is allocations freed where the
+    profiler did not see it, their address handed out again only after the peak: they may have
+    been freed before it (0 on a GPU, whose total is right whichever thread frees)."""
 
     device: str
     added_bytes: int
@@ -177,18 +179,25 @@ def _per_device(trace: _File) -> dict[tuple[int, int], DeviceMemory]:
     out = {}
     for key, events in per_device.items():
         args = [e.args for e in events]
-        if any(a.total_allocated is None for a in args):
-            reported = list(itertools.accumulate(a.nbytes for a in args))
-        else:
-            reported = [a.total_allocated for a in args]
-        unseen = _unseen_frees(args)
-        missed = list(itertools.accumulate(unseen.get(i, (0, 0))[1] for i in range(len(args))))
-        totals = [float(t - m) for t, m in zip(reported, missed)]
+        summed = any(a.total_allocated is None for a in args)
+        reported = list(itertools.accumulate(a.nbytes for a in args)) if summed else [a.total_allocated for a in args]
+        # a GPU's total already dropped for a free the profiler missed; the CPU's and a sum did not
+        unseen = _unseen_frees(args) if summed or DEVICE_TYPES.get(key[0]) == "cpu" else {}
+        totals = [float(t - m) for t, m in zip(reported, _missed_so_far(unseen, len(args)))]
         peak = totals.index(max(totals))
         out[key] = DeviceMemory([float(e.ts) for e in events], totals, float(reported[0] - args[0].nbytes),
-                                _held_at_peak(args, peak),
-                                sum(size for again, (made, size) in unseen.items() if made <= peak < again))
+                                _held_at_peak(args, peak), _unseen_at(unseen, peak))
     return out
+
+
+def _missed_so_far(unseen: dict[int, tuple[int, int]], count: int) -> list[int]:
+    """After each of ``count`` events, the bytes of the unseen frees proven so far."""
+    return list(itertools.accumulate(unseen[i][1] if i in unseen else 0 for i in range(count)))
+
+
+def _unseen_at(unseen: dict[int, tuple[int, int]], peak: int) -> int:
+    """The bytes of the unseen-freed allocations made by the event ``peak`` and proven freed only after it."""
+    return sum(size for again, (made, size) in unseen.items() if made <= peak < again)
 
 
 def _unseen_frees(args: list[_Args]) -> dict[int, tuple[int, int]]:
@@ -198,7 +207,7 @@ def _unseen_frees(args: list[_Args]) -> dict[int, tuple[int, int]]:
     if any(a.addr is None for a in args):
         return {}
     held: dict[int, int] = {}
-    found = {}
+    found: dict[int, tuple[int, int]] = {}
     for i, a in enumerate(args):
         if a.nbytes > 0:
             if a.addr in held:
