@@ -37,6 +37,7 @@ from dpro.collectors.apply import Applier, from_environment
 from dpro.collectors.losses import loss, report_loss
 from dpro.collectors.probe import ENV_PROBE, PROBE_STEPS, MicrobatchProbe, count_training_calls
 from dpro.collectors.settled_waits import settle_waits
+from dpro.collectors.wrapping import wrap_after
 from dpro.run_format import (CALIBRATION_FILE, CLOCK_FILE, COLLECTIVES_FILE, ERRORS_FILE, META_FILE, PROBE_COLLECTIVES_FILE,
                              PROBE_FILE, PROBE_TRACE_FILE, SHAPES_TRACE_FILE, STEPS_COLUMNS, STEPS_FILE, TRACE_FILE,
                              early_errors_file, rank_dir, write_json_atomic)
@@ -641,19 +642,6 @@ def _at_exit(rec: _Recorder) -> None:
     rec.close_profiler(save=True)
 
 
-def _wrap_after(owner: Any, name: str, after: Any) -> None:
-    """Replace ``owner.name`` by a wrapper that calls ``after(*args)`` once the original returned."""
-    original = getattr(owner, name)
-
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        after(*args)
-        return result
-
-    setattr(owner, name, wrapper)
-
-
 def _on_torch_imported(torch: Any) -> None:
     """Register dpro's hooks once torch is importable."""
     rec = _recorder
@@ -665,7 +653,7 @@ def _on_torch_imported(torch: Any) -> None:
         import torch.distributed as dist
 
         if dist.is_available():
-            _wrap_after(dist, "init_process_group", lambda *a: _on_process_group_ready())
+            wrap_after(dist, "init_process_group", lambda *a: _on_process_group_ready())
             try:
                 from torch._C._distributed_c10d import ProcessGroup
 
@@ -690,7 +678,7 @@ def _on_torch_imported(torch: Any) -> None:
                         install()
                     except Exception as e:  # the job runs as written; dpro records on
                         rec.log_error("applying the strategy (dpro record --apply)", e)
-            _wrap_after(DistributedDataParallel, "__init__", lambda ddp, *a: _on_ddp_created(ddp))
+            wrap_after(DistributedDataParallel, "__init__", lambda ddp, *a: _on_ddp_created(ddp))
         atexit.register(_at_exit)
     except Exception as e:
         rec.log_error("installing hooks into torch", e, disable=True)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from dpro.collectors.wrapping import wrap_after
+
 __all__ = ["SETTLE_S", "settle_waits"]
 
 SETTLE_S = 200e-6
@@ -42,16 +44,11 @@ def settle_waits() -> Callable[[], None]:
     if not (dist.is_available() and dist.is_initialized() and "gloo" in str(dist.get_backend())):
         return lambda: None
     wait = Work.wait
-
-    def settled(work, *args, **kwargs):
-        done = wait(work, *args, **kwargs)
-        time.sleep(SETTLE_S)
-        return done
+    settled = wrap_after(Work, "wait", lambda *args: time.sleep(SETTLE_S))
 
     def unsettle() -> None:
         if Work.__dict__.get("wait") is not settled:
             raise RuntimeError("Work.wait was replaced during the shapes step; left as it is")
         Work.wait = wait
 
-    Work.wait = settled
     return unsettle
