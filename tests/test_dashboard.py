@@ -123,8 +123,8 @@ def test_the_visible_window_downloads_as_a_chrome_trace(browser, dashboard, down
     trace = json.loads(next(downloads.glob("*.json")).read_text())
     ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(ops) == shown and {e["pid"] for e in ops} == {0, 1}
-    # the status is the download callback's second output: it may land after the file
-    _wait(browser).until(lambda b: "ui.perfetto.dev" in _text(b, "timeline-status"))
+    # said beside the button, where the timeline's own redraws (one follows the page's first render) cannot overwrite it
+    _wait(browser).until(lambda b: "ui.perfetto.dev" in _text(b, "perfetto-status"))
     assert not _console_errors(browser)
 
 

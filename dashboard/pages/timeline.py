@@ -40,6 +40,7 @@ def layout(view: RunView, views: list[RunView]) -> Any:
                           style={"display": "inline-block", "margin": "0 12px"}),
             html.Button("Open this window in Perfetto", id="perfetto"),
             dcc.Download(id="perfetto-download"),
+            html.Span(id="perfetto-status", style={"color": "#555", "marginLeft": "8px"}),
         ]),
         html.Div(status, id="timeline-status", style={"color": "#555", "margin": "4px 0"}),
         dcc.Store(id="timeline-window", data=full),
@@ -72,7 +73,7 @@ def register(app: Any, views: list[RunView]) -> None:
         view = views[run]
         return _details_view(op_details(view.analysis, view.lanes, op, view.occurrence, view.critical))
 
-    @app.callback(Output("perfetto-download", "data"), Output("timeline-status", "children", allow_duplicate=True),
+    @app.callback(Output("perfetto-download", "data"), Output("perfetto-status", "children"),
                   Input("perfetto", "n_clicks"), State("timeline-window", "data"), State("timeline-ranks", "value"),
                   State("run", "value"), prevent_initial_call=True)
     def export(_: int, t0t1: list[float], ranks: list[int], run: int):
