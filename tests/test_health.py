@@ -25,12 +25,13 @@ from benchmarks.fabric_sim import Background, Fault, leaf_spine, measure, topolo
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
 from dpro.anomaly.fabric.follow_up import SWEEPS, probe_adaptively, repeated
 from dpro.anomaly.fabric.localize import localize
-from dpro.anomaly.fabric.probes import ProbeError, Probes
+from dpro.anomaly.fabric.probes import ProbeError, Probes, analyze, read_probes
 from dpro.anomaly.fabric.topology import fat_tree, from_spec, host_nic, hosts, probe_tiers
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.collective_bench import bus_factor
 from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import Metric
+from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.rules import Baseline, judge, learned
 from tools.testing.browser import start_dashboard
@@ -368,7 +369,7 @@ def nights(tmp_path_factory) -> list[tuple[list[subprocess.CompletedProcess], di
 @pytest.mark.privileged
 @pytest.mark.slow
 def test_the_throttled_host_is_named_first_and_no_other_is_flagged(nights) -> None:
-    results, _ = nights
+    results, folder = nights
     for runs, report in results[:3]:
         assert report["verdict"] == "healthy", report
         assert all(r.returncode == 0 for r in runs)
@@ -383,6 +384,10 @@ def test_the_throttled_host_is_named_first_and_no_other_is_flagged(nights) -> No
                for c in n["checks"] if c["status"] in ("warn", "fail")]
     assert not flagged and all(verdicts[h] == "healthy" for h in ("dh-h0", "dh-h1", "dh-h3")), flagged
     assert all(r.returncode != 0 for r in runs)  # torchrun passes on the verdict as a failure
+    # every probe is kept beside the report, and read back points at the same host
+    probes = read_probes(folder / "night3" / "probes.csv")
+    assert sorted(probes.hosts) == [f"dh-h{i}" for i in range(4)] and len(probes.value) >= 12
+    assert [(s.kind, s.name) for s in analyze(probes)][:1] == [("host", "dh-h2")]
 
 
 @pytest.mark.privileged
@@ -545,7 +550,15 @@ def _health_on_a_routed_fabric(tmp_path: Path, routes: str, pairwise: str) -> di
                                               "--db", f"sqlite:///{tmp_path}/h.db", "--config", tmp_path / "health.yaml"],
                                      no_python=True, timeout=300)
     assert (tmp_path / "out" / "health.json").exists(), runs[0].stderr[-2000:]
-    return json.loads((tmp_path / "out" / "health.json").read_text())
+    report = json.loads((tmp_path / "out" / "health.json").read_text())
+    # every probe is kept beside the report: read back, they name what the report names
+    probes = read_probes(tmp_path / "out" / "probes.csv")
+    assert probes.both_ways == (routes == "destination")
+    topology = from_spec(json.loads((tmp_path / "fabric.yaml").read_text()))
+    routing = Routing.build(topology, by="destination") if routes == "destination" else None
+    again = localize(topology, probes, z_class=FOLLOWED_Z_CLASS, routing=routing)
+    assert [s.name for s in again] == [s["name"] for s in report["suspects"]], (again, report["suspects"])
+    return report
 
 
 @pytest.mark.privileged

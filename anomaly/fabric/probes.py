@@ -33,7 +33,7 @@ from dpro.stats import robust_z
 
 from dpro.anomaly.suspects import Suspect
 
-__all__ = ["Probes", "ProbeError", "analyze", "from_matrix", "read_probes", "round_robin", "to_matrix"]
+__all__ = ["Probes", "ProbeError", "analyze", "from_matrix", "read_probes", "round_robin", "to_matrix", "write_probes"]
 
 Z_MIN = 6.0
 MIN_DROP = 0.1
@@ -135,7 +135,8 @@ def read_probes(path: str | os.PathLike) -> Probes:
 
     JSON: ``{"hosts": [...], "bandwidth": [[...], ...]}`` (or ``"latency"``), a matrix whose
     ``null`` cells were not measured. CSV: columns ``src``, ``dst`` (host names), ``bandwidth``
-    or ``latency``, and optionally ``round``.
+    or ``latency``, and optionally ``round`` and ``both_ways`` (true where each pair's two
+    directions ran at once; :func:`write_probes` writes them all).
     """
     path = Path(path)
     try:
@@ -158,8 +159,18 @@ def read_probes(path: str | os.PathLike) -> Probes:
         values = frame[metric].to_numpy(np.float64)
     except (TypeError, ValueError) as e:
         raise ProbeError(f"{path}: {metric} and round must be numbers: {e}") from None
+    both_ways = bool(frame["both_ways"].astype(bool).all()) if "both_ways" in frame and len(frame) else False
     return Probes(list(names), names.get_indexer(frame["src"].astype(str)), names.get_indexer(frame["dst"].astype(str)),
-                  rounds, values, metric == "bandwidth")
+                  rounds, values, metric == "bandwidth", both_ways)
+
+
+def write_probes(probes: Probes, path: str | os.PathLike) -> None:
+    """Every probe, one CSV row each (``src``, ``dst``, ``round``, ``bandwidth`` or ``latency``,
+    ``both_ways``), as :func:`read_probes` reads them back."""
+    metric = "bandwidth" if probes.higher_is_better else "latency"
+    hosts = np.asarray(probes.hosts, dtype=object)
+    pd.DataFrame({"src": hosts[probes.src], "dst": hosts[probes.dst], "round": probes.round, metric: probes.value,
+                  "both_ways": probes.both_ways}).to_csv(path, index=False)
 
 
 def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> list[Suspect]:

@@ -118,6 +118,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
                                  "rules": asdict(config.rules)})
     if probes is not None:
         report.suspects = judge_network(report, probes, topology, routing, config.rules)
+        report.probes = probes
         report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes), "routes": config.pairwise.routes,
                                     "rounds": len(np.unique(probes.round)), "sweeps": config.pairwise.sweeps}
     else:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpro.anomaly.suspects import Suspect, to_json
+
+if TYPE_CHECKING:
+    from dpro.anomaly.fabric.probes import Probes
 
 __all__ = ["COULD_NOT_RUN", "EXIT_CODES", "JOB", "Check", "HealthReport", "Metric", "Node", "comparable", "report_from_json", "worst"]
 
@@ -91,6 +94,7 @@ class HealthReport:
     nodes: list[Node]
     suspects: list[Suspect] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)  # world size, backend, hosts, config
+    probes: Probes | None = field(default=None, repr=False)  # every pairwise probe, written as probes.csv
 
     @property
     def verdict(self) -> str:

@@ -20,13 +20,14 @@ from plotly.subplots import make_subplots
 from dpro.errors import DproError
 from dpro.html_report import figure_div, page, plotly_script, table
 
+from dpro.anomaly.fabric.probes import write_probes
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.model import JOB, STATUSES, Check, HealthReport, Node
 from dpro.anomaly.health.rules import no_baseline
 
 __all__ = ["ReportExistsError", "check_free", "html", "markdown", "shown_status", "summary", "write_reports"]
 
-FILES = ("health.json", "health.md", "health.html")
+FILES = ("health.json", "health.md", "health.html", "probes.csv")
 MARK = {"pass": "ok", "skip": "skipped", "warn": "WARN", "fail": "FAIL"}
 NO_BASELINE = "no baseline"
 
@@ -44,15 +45,19 @@ def check_free(out: Path) -> None:
 
 def write_reports(report: HealthReport, out: Path,
                   history: Callable[[str, str], list[float]] | None = None) -> dict[str, Path]:
-    """Write the three reports into ``out`` (created); their paths by kind. ``history(host,
-    key)``: earlier values of ``key`` (``check/metric``) on ``host``, newest first, for the
-    flagged metrics' nights."""
+    """Write the three reports into ``out`` (created), and with pairwise probes every one of
+    them as ``probes.csv`` (``dpro diagnose --probes`` reads it); their paths by kind.
+    ``history(host, key)``: earlier values of ``key`` (``check/metric``) on ``host``, newest
+    first, for the flagged metrics' nights."""
     check_free(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "health.json", "markdown": out / "health.md", "html": out / "health.html"}
     paths["json"].write_text(json.dumps(report.to_json(), indent=1, default=str))
     paths["markdown"].write_text(markdown(report))
     paths["html"].write_text(html(report, plotly_script(out.resolve().parent, out.resolve()), history))
+    if report.probes is not None:
+        paths["probes"] = out / "probes.csv"
+        write_probes(report.probes, paths["probes"])
     return paths
 
 
