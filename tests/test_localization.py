@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from dpro.analysis import RunAnalysis
 from dpro.anomaly.diagnose import diagnose
-from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix, round_robin, to_matrix
+from dpro.anomaly.fabric.probes import Probes, analyze, from_matrix, read_probes, round_robin, to_matrix
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import to_json
@@ -23,6 +23,7 @@ from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z
 from dpro.anomaly.fabric.follow_up import probe_adaptively
 from dpro.anomaly.fabric.localize import localize
 from dpro.anomaly.fabric.routing import paths
+from dpro.anomaly.fabric.topology import from_spec
 from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
 from dpro.anomaly.fabric.topology import TopologyError, fat_tree, from_spec, hosts, probe_tiers, read_topology
 from dpro.cli.diagnose import diagnose as diagnose_command
@@ -170,16 +171,37 @@ def test_the_localizer_names_a_nic_slow_both_ways_and_the_pod_of_a_slow_core_lin
     """A three-level fat tree probed on hashed paths the localizer does not see: the NIC slow
     both ways is named sending and receiving (not its ToR, whose class holds both directions'
     slow probes among many healthy ones); a core link slow both ways, which no probe tells from
-    its pod's other 15 core links, is pinned to its aggregation switches; nothing else."""
+    its pod's other 15 core links, is named as those links, each direction on its own (not the
+    pod's aggregation switches, whose other links' probes run at full speed); nothing else."""
     g = fat_tree(64, radix=8)
     link = next(n for u, v, n in g.edges(data="name") if {u.split(".")[0], v.split(".")[0]} == {"agg1", "core0"})
     probes, _ = simulate(g, {link: 0.5, "h37/nic0": 0.3})
     suspects = localize(g, probes)
-    assert {(s.kind, s.name, s.host, s.evidence["direction"]) for s in suspects if s.kind != "switch"} == {
+    assert {(s.kind, s.name, s.host, s.evidence["direction"]) for s in suspects if s.kind == "nic"} == {
         ("nic", "h37/nic0", "h37", "sending"), ("nic", "h37/nic0", "h37", "receiving")}, suspects
-    [pod] = [s for s in suspects if s.kind == "switch"]
-    assert _names(pod) == {"agg1.0", "agg1.1", "agg1.2", "agg1.3"}
+    links = [_names(s) for s in suspects if s.kind != "nic"]
+    up = {f"agg1.{i}->core{i}.{j}" for i in range(4) for j in range(4)}
+    down = {"->".join(name.split("->")[::-1]) for name in up}
+    assert sorted(map(sorted, links)) == sorted(map(sorted, [up, down])), links
+    assert all(s.kind in ("nic", "link") for s in suspects)
     assert localize(g, simulate(g, {})[0]) == []
+
+
+FABRIC_DATA = Path(__file__).parent / "data" / "fabric"
+
+
+@pytest.mark.parametrize("run", [6, 7])
+def test_one_slow_uplink_is_named_not_the_switch_that_holds_it_on_real_noisy_probes(run: int) -> None:
+    """Probes kept by ``dpro health`` on the routed namespace leaf-spine (ECMP, ``leaf0 ->
+    spine0`` at 100 Mbit/s) in two runs where the localizer, before it tried the narrower
+    classes, named the switch ``leaf0`` (run 6) or ``spine0`` (run 7): every probe through it
+    weighed, the slow uplink's among them. Its uplinks are named, and the downlinks into
+    ``leaf0`` after them, if at all, with their acknowledgements behind the uplinks."""
+    topology = from_spec(json.loads((FABRIC_DATA / "routed-3x4-2spines.json").read_text()))
+    suspects = localize(topology, read_probes(FABRIC_DATA / f"routed-ecmp-{run}-probes.csv"), z_class=FOLLOWED_Z)
+    first, *rest = suspects
+    assert first.kind == "link" and {first.name, *first.evidence["same_as"]} == {"leaf0->spine0", "leaf0->spine1"}
+    assert all(s.kind == "link" and s.evidence.get("acks_behind") == [first.name] for s in rest), suspects
 
 
 def _both_ways_through(slow: tuple[str, str], seed: int, both_ways: bool) -> tuple[nx.MultiGraph, Routing, Probes]:

@@ -53,6 +53,23 @@ probes of either direction's, with many healthy ones beside them, which the pool
 and the counted one does not.) Its probes are then explained and leave the other classes'
 scores. A NIC's access cable stands for the NIC.
 
+**The narrowest class.** A wide class (a switch: every probe through it) that holds a slow
+narrower one (one of its uplinks) can score past it on its many probes alone. So before a class
+is named, each class whose probes lie within it and that is past its own threshold is tried: if
+the rest of the wide class's probes, weighed alone, are past neither threshold, the narrower
+class explains what the wide one was named for and is named instead (the narrowest such, in
+turn). The rest leaves out the probes whose way back may cross the narrower class: their
+acknowledgements queue behind the data of the probes that cross it in the same round (a probe
+into ``leaf0`` from another leaf is slowed by ``leaf0``'s slow uplink that way). A switch whose
+links are all slow keeps its name: the rest of its probes are slow too. Those probes may then
+name the way back on their own (``leaf0``'s downlinks after its uplink); a suspect half of
+whose probes may have their acknowledgements behind an earlier suspect says so
+(``acks_behind``), for it may be that suspect's echo rather than a fault of its own.
+(Of 12 runs of the routed namespace test with ECMP on 2026-11-28, whose probes' noise was 0.35
+to 0.84 on a log scale, 2 named the switch ``leaf0`` or ``spine0`` first; the rest of their probes
+then weigh 1.1 and 0.9 pooled against a bar of 5.5. Their probes, in ``tests/data/fabric``,
+now name the uplinks; the 12 runs routed by destination name the same with either rule.)
+
 Meant for the hundreds of hosts a health check probes; paths come from networkx, not the
 vectorised routing of :mod:`dpro.anomaly.fabric.routing`. The thresholds were tuned on
 ``benchmarks.health_localization``'s tuning trials, apart from those it scores.
@@ -127,7 +144,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
         return Weighed([], [], np.zeros(0, np.int64))
-    classes, hops = _classes(topology, probes, routing)
+    classes, hops, back = _classes(topology, probes, routing)
     shortfall, typical = _shortfall(probes, hops)
     noise = max(_upper_spread(-shortfall), 1e-9)
     masked = _masked(typical, noise) if probes.higher_is_better else np.zeros(0, np.int64)
@@ -144,7 +161,33 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
         return pooled / bar, counted / z_count, max(pooled, counted)
 
+    def narrowest(members: list[Component], left: np.ndarray, score: float,
+                  margin: float) -> tuple[list[Component], np.ndarray, float, float]:
+        """The class chosen, or the narrowest class within it past its own threshold whose
+        probes leave the rest of the chosen class's unremarkable (see the module docstring)."""
+        bar = bars[next(i for i, (_, m) in enumerate(classes) if m is members)]
+        while True:
+            inner = []
+            for (crossing, others), other_bar in zip(classes, bars):
+                if others is members or tuple(others) in done:
+                    continue
+                mine = crossing[unexplained[crossing]]
+                if not MIN_PROBES <= len(mine) < len(left) or not np.isin(mine, left).all() \
+                        or float(shortfall[mine].mean()) < min_effect:
+                    continue
+                pooled, counted, other_score = margins(mine, crossing, other_bar)
+                acks = np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in others])
+                rest = np.setdiff1d(np.setdiff1d(left, mine), acks)
+                rest_pooled, rest_counted, _ = margins(rest, left, bar) if len(rest) >= MIN_PROBES else (0.0, 0.0, 0.0)
+                if max(pooled, counted) >= 1.0 and max(rest_pooled, rest_counted) < 1.0:
+                    inner.append(((pooled >= 1.0, pooled if pooled >= 1.0 else counted), others, mine, other_score,
+                                  max(pooled, counted), other_bar))
+            if not inner:
+                return members, left, score, margin
+            _, members, left, score, margin, bar = max(inner, key=lambda c: c[0])
+
     named: list[tuple[Suspect, float, np.ndarray]] = []
+    returns: list[np.ndarray] = []  # per suspect named, the probes whose way back may cross it
     done: set[tuple[Component, ...]] = set()  # classes named by one of their probe sets (all, or not masked)
     while True:
         best, best_key, best_probes, best_score, best_margin = None, (False, 0.0), None, 0.0, 0.0
@@ -160,7 +203,13 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                 best, best_key, best_probes, best_score, best_margin = members, key, left, score, max(pooled, counted)
         if best is None:
             break
-        named.append((_suspect(topology, best, best_score, best_probes, shortfall), best_margin, best_probes))
+        best, best_probes, best_score, best_margin = narrowest(best, best_probes, best_score, best_margin)
+        suspect = _suspect(topology, best, best_score, best_probes, shortfall)
+        ahead = [s.name for (s, _, _), back_probes in zip(named, returns) if np.isin(best_probes, back_probes).mean() >= 0.5]
+        if ahead:
+            suspect.evidence["acks_behind"] = ahead
+        named.append((suspect, best_margin, best_probes))
+        returns.append(np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in best]))
         unexplained[best_probes] = False
         done.add(tuple(best))
     open_classes = []
@@ -261,21 +310,22 @@ def _upper_spread(logs: np.ndarray) -> float:
     return float(np.quantile(logs, 0.90) - np.quantile(logs, 0.75)) / (Q90 - Q75)
 
 
-def _classes(topology: nx.MultiGraph, probes: Probes,
-             routing: Routing | None = None) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray]:
-    """The components every probe may cross alike, each class with the probes (indices); and
-    each probe's hop count. With ``routing``, a probe crosses only the path it gives; probed
+def _classes(topology: nx.MultiGraph, probes: Probes, routing: Routing | None = None
+             ) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray, dict[Component, np.ndarray]]:
+    """The components every probe may cross alike, each class with the probes (indices); each
+    probe's hop count; and per component, the probes whose way back (their acknowledgements)
+    may cross it. With ``routing``, a probe crosses only the path it gives; probed
     ``both_ways``, it may be slowed on its partner's path too (its acknowledgements take it)."""
     graph = nx.Graph(topology)
     switches = {n for n, kind in topology.nodes(data="kind") if kind == "switch"}
     nics = {h: host_nic(topology, h) for h in probes.hosts}
     may: dict[Component, list[int]] = defaultdict(list)
     hops = np.zeros(len(probes.src), np.int64)
+    back: dict[Component, list[int]] = defaultdict(list)
     routed: dict[bool, list[list[str]]] = {}  # forward or back: each probe's switches
     if routing is not None:
         routed[True] = _routed_switches(routing, probes.hosts, probes.src, probes.dst)
-        if probes.both_ways:
-            routed[False] = _routed_switches(routing, probes.hosts, probes.dst, probes.src)
+        routed[False] = _routed_switches(routing, probes.hosts, probes.dst, probes.src)
 
     def paths(p: int, s: int, d: int, forward: bool) -> list[list[str]]:
         ends = nics[probes.hosts[s]], nics[probes.hosts[d]]
@@ -283,22 +333,28 @@ def _classes(topology: nx.MultiGraph, probes: Probes,
             return list(nx.all_shortest_paths(graph, *ends))
         return [[ends[0], *routed[forward][p], ends[1]]]
 
-    routes: dict[tuple[int, int], tuple[set[Component], int]] = {}  # a pair probed again: its paths once
+    def components(ways: list[list[str]]) -> set[Component]:
+        crossed: set[Component] = set()
+        for path in ways:
+            crossed.update(zip(path, path[1:]))
+            crossed.update(n for n in path if n in switches)
+        return crossed
+
+    routes: dict[tuple[int, int], tuple[set[Component], set[Component], int]] = {}  # a pair probed again: once
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
         if (s, d) not in routes:
-            crossed: set[Component] = set()
-            ways = paths(p, s, d, True)
-            for path in ways + (paths(p, d, s, False) if probes.both_ways else []):
-                crossed.update(zip(path, path[1:]))
-                crossed.update(n for n in path if n in switches)
-            routes[s, d] = crossed, len(ways[0]) - 1
-        crossed, hops[p] = routes[s, d]
+            ways, returns = paths(p, s, d, True), components(paths(p, d, s, False))
+            routes[s, d] = components(ways) | (returns if probes.both_ways else set()), returns, len(ways[0]) - 1
+        crossed, returns, hops[p] = routes[s, d]
         for component in sorted(crossed, key=str):  # not the set's order: it follows the strings' hash seed
             may[component].append(p)
+        for component in returns:
+            back[component].append(p)
     grouped: dict[tuple[int, ...], list[Component]] = defaultdict(list)
     for component, crossing in may.items():
         grouped[tuple(crossing)].append(component)
-    return [(np.asarray(crossing), members) for crossing, members in grouped.items()], hops
+    return ([(np.asarray(crossing), members) for crossing, members in grouped.items()], hops,
+            {c: np.asarray(ps, np.int64) for c, ps in back.items()})
 
 
 def _routed_switches(routing: Routing, hosts: list[str], src: np.ndarray, dst: np.ndarray) -> list[list[str]]:
