@@ -55,20 +55,24 @@ scores. A NIC's access cable stands for the NIC.
 
 **The narrowest class.** A wide class (a switch: every probe through it) that holds a slow
 narrower one (one of its uplinks) can score past it on its many probes alone. So before a class
-is named, each class whose probes lie within it and that is past its own threshold is tried: if
-the rest of the wide class's probes, weighed alone, are past neither threshold, the narrower
-class explains what the wide one was named for and is named instead (the narrowest such, in
-turn). The rest leaves out the probes whose way back may cross the narrower class: their
-acknowledgements queue behind the data of the probes that cross it in the same round (a probe
-into ``leaf0`` from another leaf is slowed by ``leaf0``'s slow uplink that way). A switch whose
-links are all slow keeps its name: the rest of its probes are slow too. Those probes may then
-name the way back on their own (``leaf0``'s downlinks after its uplink); a suspect half of
-whose probes may have their acknowledgements behind an earlier suspect says so
-(``acks_behind``), for it may be that suspect's echo rather than a fault of its own.
-(Of 12 runs of the routed namespace test with ECMP on 2026-11-28, whose probes' noise was 0.35
-to 0.84 on a log scale, 2 named the switch ``leaf0`` or ``spine0`` first; the rest of their probes
-then weigh 1.1 and 0.9 pooled against a bar of 5.5. Their probes, in ``tests/data/fabric``,
-now name the uplinks; the 12 runs routed by destination name the same with either rule.)
+is named, the classes whose probes lie within it and that are past their own thresholds are
+tried: if the rest of the wide class's probes, weighed alone, are past neither threshold, though
+they are enough to have shown a fault as large (the narrower class's mean clipped ``z`` times
+the square root of their number reaches the wide class's bar), the narrower class explains what
+the wide one was named for and is named instead: of those that do, the one furthest past its
+threshold, and then within it in turn. The rest leaves out the probes whose way back may cross
+the narrower class: their acknowledgements queue behind the data of the probes that cross it
+in the same round (a probe into ``leaf0`` from another leaf is slowed by ``leaf0``'s slow
+uplink that way; probed ``both_ways``, those are already among the narrower class's own). A
+switch slowed throughout keeps its name: the rest of its probes are slow too, or too few to
+tell. Those acknowledgements may then name the way back on their own (``leaf0``'s downlinks
+after its uplink): a suspect half of whose probes may have their acknowledgements behind an
+earlier suspect (not its own NIC's other direction) says so (``acks_behind``), for it may be
+that suspect's echo rather than a fault of its own. (Of 12 runs of the routed namespace test
+with ECMP on 2026-11-28, whose probes' noise was 0.35 to 0.84 on a log scale, 2 named first the
+switch ``leaf0`` or the spines' class, ``spine0`` and ``spine1``; the rest of their probes
+weigh 1.1 and 4.5 pooled against a bar of 5.5. Their probes, in ``tests/data/fabric``, now
+name the uplinks; the 12 runs routed by destination name the same with either rule.)
 
 Meant for the hundreds of hosts a health check probes; paths come from networkx, not the
 vectorised routing of :mod:`dpro.anomaly.fabric.routing`. The thresholds were tuned on
@@ -161,11 +165,11 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
         return pooled / bar, counted / z_count, max(pooled, counted)
 
-    def narrowest(members: list[Component], left: np.ndarray, score: float,
-                  margin: float) -> tuple[list[Component], np.ndarray, float, float]:
-        """The class chosen, or the narrowest class within it past its own threshold whose
-        probes leave the rest of the chosen class's unremarkable (see the module docstring)."""
-        bar = bars[next(i for i, (_, m) in enumerate(classes) if m is members)]
+    def narrowest(members: list[Component], left: np.ndarray, score: float, margin: float,
+                  bar: float) -> tuple[list[Component], np.ndarray, float, float]:
+        """The class chosen (``bar``: its threshold), or a class within it past its own
+        threshold whose probes leave the rest of the chosen class's unremarkable where the rest
+        would have shown as much, in turn (see the module docstring)."""
         while True:
             inner = []
             for (crossing, others), other_bar in zip(classes, bars):
@@ -178,7 +182,9 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                 pooled, counted, other_score = margins(mine, crossing, other_bar)
                 acks = np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in others])
                 rest = np.setdiff1d(np.setdiff1d(left, mine), acks)
-                rest_pooled, rest_counted, _ = margins(rest, left, bar) if len(rest) >= MIN_PROBES else (0.0, 0.0, 0.0)
+                if len(rest) < MIN_PROBES or float(weight[mine].mean()) * np.sqrt(len(rest)) < bar:
+                    continue  # too few to show it: a wide fault would leave them as unremarkable
+                rest_pooled, rest_counted, _ = margins(rest, left, bar)
                 if max(pooled, counted) >= 1.0 and max(rest_pooled, rest_counted) < 1.0:
                     inner.append(((pooled >= 1.0, pooled if pooled >= 1.0 else counted), others, mine, other_score,
                                   max(pooled, counted), other_bar))
@@ -190,7 +196,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     returns: list[np.ndarray] = []  # per suspect named, the probes whose way back may cross it
     done: set[tuple[Component, ...]] = set()  # classes named by one of their probe sets (all, or not masked)
     while True:
-        best, best_key, best_probes, best_score, best_margin = None, (False, 0.0), None, 0.0, 0.0
+        best, best_key, best_probes, best_score, best_margin, best_bar = None, (False, 0.0), None, 0.0, 0.0, 0.0
         for (crossing, members), bar in zip(classes, bars):
             if tuple(members) in done:
                 continue
@@ -200,12 +206,15 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
             pooled, counted, score = margins(left, crossing, bar)
             key = (pooled >= 1.0, pooled if pooled >= 1.0 else counted)  # pooled evidence first
             if max(pooled, counted) >= 1.0 and key > best_key:
-                best, best_key, best_probes, best_score, best_margin = members, key, left, score, max(pooled, counted)
+                best, best_key, best_probes, best_score, best_margin, best_bar = (members, key, left, score,
+                                                                                  max(pooled, counted), bar)
         if best is None:
             break
-        best, best_probes, best_score, best_margin = narrowest(best, best_probes, best_score, best_margin)
+        best, best_probes, best_score, best_margin = narrowest(best, best_probes, best_score, best_margin, best_bar)
         suspect = _suspect(topology, best, best_score, best_probes, shortfall)
-        ahead = [s.name for (s, _, _), back_probes in zip(named, returns) if np.isin(best_probes, back_probes).mean() >= 0.5]
+        ahead = [_label(s) for (s, _, _), back_probes in zip(named, returns)
+                 if not (s.kind == suspect.kind == "nic" and s.name == suspect.name)  # its own other direction
+                 and np.isin(best_probes, back_probes).mean() >= 0.5]
         if ahead:
             suspect.evidence["acks_behind"] = ahead
         named.append((suspect, best_margin, best_probes))
@@ -343,8 +352,12 @@ def _classes(topology: nx.MultiGraph, probes: Probes, routing: Routing | None = 
     routes: dict[tuple[int, int], tuple[set[Component], set[Component], int]] = {}  # a pair probed again: once
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
         if (s, d) not in routes:
-            ways, returns = paths(p, s, d, True), components(paths(p, d, s, False))
-            routes[s, d] = components(ways) | (returns if probes.both_ways else set()), returns, len(ways[0]) - 1
+            ways = paths(p, s, d, True)
+            forward = components(ways)
+            # unrouted, the way back takes the same shortest paths reversed
+            returns = components(paths(p, d, s, False)) if routed else \
+                {c if isinstance(c, str) else (c[1], c[0]) for c in forward}
+            routes[s, d] = forward | (returns if probes.both_ways else set()), returns, len(ways[0]) - 1
         crossed, returns, hops[p] = routes[s, d]
         for component in sorted(crossed, key=str):  # not the set's order: it follows the strings' hash seed
             may[component].append(p)
@@ -364,6 +377,11 @@ def _routed_switches(routing: Routing, hosts: list[str], src: np.ndarray, dst: n
     ids = np.array([index[h] for h in hosts], np.int64)
     _, switches = routing.route(ids[src], ids[dst])
     return [[routing.switches[k] for k in row if k >= 0] for row in switches.tolist()]
+
+
+def _label(suspect: Suspect) -> str:
+    """A suspect's name, and for a NIC its direction."""
+    return f"{suspect.name} ({suspect.evidence['direction']})" if suspect.kind == "nic" else suspect.name
 
 
 def _component_kind(topology: nx.MultiGraph, c: Component) -> str:

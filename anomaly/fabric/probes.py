@@ -147,7 +147,7 @@ def read_probes(path: str | os.PathLike) -> Probes:
                 raise ProbeError(f"{path}: expected keys hosts and bandwidth (or latency)")
             matrix = np.array([[np.nan if v is None else v for v in row] for row in data[metric]], np.float64)
             return from_matrix(matrix, [str(h) for h in data["hosts"]], metric == "bandwidth")
-        frame = pd.read_csv(path)
+        frame = pd.read_csv(path, dtype={"src": str, "dst": str, "both_ways": str}, keep_default_na=False)
     except (OSError, ValueError) as e:
         raise ProbeError(f"cannot read probes {path}: {e}") from None
     metric = next((m for m in ("bandwidth", "latency") if m in frame), None)
@@ -159,7 +159,11 @@ def read_probes(path: str | os.PathLike) -> Probes:
         values = frame[metric].to_numpy(np.float64)
     except (TypeError, ValueError) as e:
         raise ProbeError(f"{path}: {metric} and round must be numbers: {e}") from None
-    both_ways = bool(frame["both_ways"].astype(bool).all()) if "both_ways" in frame and len(frame) else False
+    flags = {"true": True, "1": True, "false": False, "0": False}
+    both = frame["both_ways"].str.strip().str.lower() if "both_ways" in frame else pd.Series([], dtype=str)
+    if not both.isin(list(flags)).all():
+        raise ProbeError(f"{path}: both_ways must be true or false, not {both[~both.isin(list(flags))].iloc[0]!r}")
+    both_ways = bool(len(both)) and bool(both.map(flags).all())
     return Probes(list(names), names.get_indexer(frame["src"].astype(str)), names.get_indexer(frame["dst"].astype(str)),
                   rounds, values, metric == "bandwidth", both_ways)
 
