@@ -34,6 +34,7 @@ from dpro.anomaly.health.model import Metric
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.rules import Baseline, judge, learned
+from dpro.anomaly.suspects import to_json
 from tools.testing.browser import start_dashboard
 from tools.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
 from tests.conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
@@ -556,8 +557,8 @@ def _health_on_a_routed_fabric(tmp_path: Path, routes: str, pairwise: str) -> di
     assert probes.both_ways == (routes == "destination")
     topology = from_spec(json.loads((tmp_path / "fabric.yaml").read_text()))
     routing = Routing.build(topology, by="destination") if routes == "destination" else None
-    again = localize(topology, probes, z_class=FOLLOWED_Z_CLASS, routing=routing)
-    assert [s.name for s in again] == [s["name"] for s in report["suspects"]], (again, report["suspects"])
+    again = to_json(localize(topology, probes, z_class=FOLLOWED_Z_CLASS, routing=routing))["suspects"]
+    assert [s["name"] for s in again] == [s["name"] for s in report["suspects"]], (again, report["suspects"])
     return report
 
 
