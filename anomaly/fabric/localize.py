@@ -165,6 +165,10 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
         return pooled / bar, counted / z_count, max(pooled, counted)
 
+    def behind(members: list[Component]) -> np.ndarray:
+        """The probes whose way back may cross any of ``members``: their acknowledgements."""
+        return np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in members])
+
     def narrowest(members: list[Component], left: np.ndarray, score: float, margin: float,
                   bar: float) -> tuple[list[Component], np.ndarray, float, float]:
         """The class chosen (``bar``: its threshold), or a class within it past its own
@@ -180,12 +184,12 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                         or float(shortfall[mine].mean()) < min_effect:
                     continue
                 pooled, counted, other_score = margins(mine, crossing, other_bar)
-                acks = np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in others])
-                rest = np.setdiff1d(np.setdiff1d(left, mine), acks)
+                if max(pooled, counted) < 1.0:
+                    continue
+                rest = np.setdiff1d(np.setdiff1d(left, mine), behind(others))
                 if len(rest) < MIN_PROBES or float(weight[mine].mean()) * np.sqrt(len(rest)) < bar:
                     continue  # too few to show it: a wide fault would leave them as unremarkable
-                rest_pooled, rest_counted, _ = margins(rest, left, bar)
-                if max(pooled, counted) >= 1.0 and max(rest_pooled, rest_counted) < 1.0:
+                if max(margins(rest, left, bar)[:2]) < 1.0:
                     inner.append(((pooled >= 1.0, pooled if pooled >= 1.0 else counted), others, mine, other_score,
                                   max(pooled, counted), other_bar))
             if not inner:
@@ -218,7 +222,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         if ahead:
             suspect.evidence["acks_behind"] = ahead
         named.append((suspect, best_margin, best_probes))
-        returns.append(np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in best]))
+        returns.append(behind(best))
         unexplained[best_probes] = False
         done.add(tuple(best))
     open_classes = []

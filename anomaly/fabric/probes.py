@@ -161,8 +161,9 @@ def read_probes(path: str | os.PathLike) -> Probes:
         raise ProbeError(f"{path}: {metric} and round must be numbers: {e}") from None
     flags = {"true": True, "1": True, "false": False, "0": False}
     both = frame["both_ways"].str.strip().str.lower() if "both_ways" in frame else pd.Series([], dtype=str)
-    if not both.isin(list(flags)).all():
-        raise ProbeError(f"{path}: both_ways must be true or false, not {both[~both.isin(list(flags))].iloc[0]!r}")
+    bad = both[~both.isin(list(flags))]
+    if len(bad):
+        raise ProbeError(f"{path}: both_ways must be true or false, not {bad.iloc[0]!r}")
     both_ways = bool(len(both)) and bool(both.map(flags).all())
     return Probes(list(names), names.get_indexer(frame["src"].astype(str)), names.get_indexer(frame["dst"].astype(str)),
                   rounds, values, metric == "bandwidth", both_ways)
