@@ -170,8 +170,14 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
     for name in sorted(p.name for p in root.iterdir() if p.is_dir()):
         analysis = RunAnalysis.open(root / name)
         predicted = float(np.mean(list(analysis.replay().step_ns.values()))) / 1e6
+        own = own_steps_ms(analysis)
         replays.append({"source": name, "measured_ms": median[name], "replayed_ms": predicted,
-                        "error_pct": 100 * (predicted / median[name] - 1), "form": analysis.parallelism.describe()})
+                        "error_pct": 100 * (predicted / median[name] - 1), "form": analysis.parallelism.describe(),
+                        **{f"own_{phase}_ms": ms for phase, ms in own.items()},
+                        # where the error comes from: the recording run against the others (noise the
+                        # replay cannot know), and the replay against the window it was built from
+                        "run_against_median_pct": 100 * (own["unprofiled"] / median[name] - 1),
+                        "against_window_pct": 100 * (predicted / own["profiled"] - 1)})
     for case in cases:
         change = {**case.change, **({"microbatch_run": str(root / case.change["microbatch_run"])}
                                     if "microbatch_run" in case.change else {})}
@@ -204,6 +210,14 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
                 scored[-1]["memory_rank_spread_pct"] = 100 * (max(peaks) / min(peaks) - 1)
     return {"seed": seed, "noise": {n: spread_pct(m) for n, m in measured.items()}, "measured": measured,
             "replays": replays, "cases": scored}
+
+
+def own_steps_ms(analysis) -> dict[str, float]:
+    """The recording's own median step (the slowest rank's), ``unprofiled`` and ``profiled``, in ms."""
+    times = analysis.step_times
+    profiled = times[times["phase"] == "profiled"]
+    return {phase: float(t.groupby("step")["dur_ns"].max().median()) / 1e6
+            for phase, t in (("unprofiled", analysis.unprofiled_steps), ("profiled", profiled))}
 
 
 def run_examples(root: Path, repeats: int = REPEATS, seed: int = 0) -> list[dict]:
@@ -304,8 +318,12 @@ def print_seed(result: dict) -> None:
     print(table([("configuration", "medians ms", "spread %")] + [
         (n, " ".join(f"{x:.1f}" for x in result["measured"][n]), f"{s:.1f}") for n, s in result["noise"].items()]))
     print("\nreplay as recorded (not anchored) against the measured median")
-    print(table([("source", "form", "measured ms", "replayed ms", "error %")] + [
-        (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}")
+    print("(beside it: the recording's own unprofiled steps against the median, which the replay cannot know; "
+          "and the replay\nagainst the profiled steps it was built from)")
+    print(table([("source", "form", "measured ms", "replayed ms", "error %", "run vs median %", "vs its window %")] + [
+        (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}",
+         f"{r['run_against_median_pct']:+.1f}" if "run_against_median_pct" in r else "",
+         f"{r['against_window_pct']:+.1f}" if "against_window_pct" in r else "")
         for r in result["replays"]]))
     print("\nwhat-ifs (range: what one recording without probe steps allows, where the ops' fixed cost decides)")
     print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %",
