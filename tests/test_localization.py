@@ -241,6 +241,19 @@ def test_a_nic_whose_slow_probes_another_suspect_explains_is_cleared_on_real_noi
     assert [s.name for s, _, _ in kept] == ["dfab-h3/eth0", "leaf0->spine0"]
 
 
+def test_a_suspect_whose_remaining_probes_name_it_alone_is_kept() -> None:
+    """Two faults at once: the same run's probes into ``dfab-h3`` from 9 hosts made slow (its NIC
+    slow receiving, beside the slow uplink). The uplink's probes that the NIC may not explain are
+    past its threshold on their own, so it is not cleared as the NIC's echo: both are named."""
+    topology = from_spec(json.loads((FABRIC_DATA / "routed-3x4-2spines.json").read_text()))
+    probes = read_probes(FABRIC_DATA / "routed-ecmp-15-probes.csv")
+    senders = [probes.hosts.index(f"dfab-h{i}") for i in (0, 1, 2, 5, 6, 7, 8, 9, 11)]
+    into = (probes.dst == probes.hosts.index("dfab-h3")) & np.isin(probes.src, senders)
+    both = replace(probes, value=np.where(into, 0.3, probes.value))
+    named = {(s.name, s.evidence.get("direction")) for s in localize(topology, both, z_class=FOLLOWED_Z)}
+    assert named == {("dfab-h3/eth0", "receiving"), ("leaf0->spine0", None)}, named
+
+
 def _both_ways_through(slow: tuple[str, str], seed: int, both_ways: bool) -> tuple[nx.MultiGraph, Routing, Probes]:
     """A leaf-spine (3 leaves of 4 hosts, 2 spines) routed by destination, every pair probed
     both ways at once on its schedule's rounds, ``slow`` (a directed link) at 100 Mbit/s of 5 Gb/s:

@@ -75,10 +75,12 @@ weigh 1.1 and 4.5 pooled against a bar of 5.5. Their probes, in ``tests/data/fab
 name the uplinks; the 12 runs routed by destination name the same with either rule.)
 
 **Cleared suspects.** A suspect named for probes that another suspect's path may also explain
-is weighed again on its probes that none may: where they fall short by ``clear`` (pooled
-``z``) of what its own mean shortfall would have pooled to on as many, they show it healthy,
-and it is dropped; the suspect that shares most of its probes says so (``explains``). One at a
-time, the furthest short first. (In a run of the routed namespace test with ECMP, 6 of host
+is weighed again on its probes that none may: where, alone, they are past neither of its
+thresholds and fall short by ``clear`` (pooled ``z``) of what its own mean shortfall would have
+pooled to on as many, they show nothing of it, and it is dropped; the suspect that may cross
+most of its probes says so (``explains``). One at a time, the furthest short first. A suspect
+cleared is not followed up: its probes stay explained. (Were its remaining probes past its
+threshold, as where a second fault slows them, it would be kept.) (In a run of the routed namespace test with ECMP, 6 of host
 ``dfab-h3``'s 8 connections out of ``leaf0`` took the slow uplink, and its NIC was named first;
 its 9 other probes pooled to -0.8 against 3.6. Of the 60 runs kept, it is the only one the rule
 changes.)
@@ -143,8 +145,8 @@ def localize(topology: nx.MultiGraph | None, probes: Probes, z_class: float = Z_
 @dataclass
 class Weighed:
     """What the probes say: the suspects named, each with its ``margin`` (its score over its
-    threshold: 1 just named) and the probes it explains, and per class not named, its probes
-    not explained by a suspect and its margin on them."""
+    threshold: 1 just named) and the probes it explains, and per class neither named nor cleared
+    (:func:`_clear_explained`), its probes not explained by a suspect and its margin on them."""
 
     named: list[tuple[Suspect, float, np.ndarray]]
     open: list[tuple[np.ndarray, float]]
@@ -183,7 +185,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         return np.concatenate([back.get(c, np.zeros(0, np.int64)) for c in members])
 
     def narrowest(members: list[Component], left: np.ndarray, score: float, margin: float,
-                  bar: float) -> tuple[list[Component], np.ndarray, float, float]:
+                  bar: float) -> tuple[list[Component], np.ndarray, float, float, float]:
         """The class chosen (``bar``: its threshold), or a class within it past its own
         threshold whose probes leave the rest of the chosen class's unremarkable where the rest
         would have shown as much, in turn (see the module docstring)."""
@@ -206,11 +208,11 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                     inner.append(((pooled >= 1.0, pooled if pooled >= 1.0 else counted), others, mine, other_score,
                                   max(pooled, counted), other_bar))
             if not inner:
-                return members, left, score, margin
+                return members, left, score, margin, bar
             _, members, left, score, margin, bar = max(inner, key=lambda c: c[0])
 
     named: list[tuple[Suspect, float, np.ndarray]] = []
-    chosen: list[list[Component]] = []  # per suspect named, its class's members
+    chosen: list[tuple[list[Component], float]] = []  # per suspect named, its class's members and threshold
     returns: list[np.ndarray] = []  # per suspect named, the probes whose way back may cross it
     done: set[tuple[Component, ...]] = set()  # classes named by one of their probe sets (all, or not masked)
     while True:
@@ -228,7 +230,8 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                                                                                   max(pooled, counted), bar)
         if best is None:
             break
-        best, best_probes, best_score, best_margin = narrowest(best, best_probes, best_score, best_margin, best_bar)
+        best, best_probes, best_score, best_margin, best_bar = narrowest(best, best_probes, best_score, best_margin,
+                                                                         best_bar)
         suspect = _suspect(topology, best, best_score, best_probes, shortfall)
         ahead = [_label(s) for (s, _, _), back_probes in zip(named, returns)
                  if not (s.kind == suspect.kind == "nic" and s.name == suspect.name)  # its own other direction
@@ -236,11 +239,12 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         if ahead:
             suspect.evidence["acks_behind"] = ahead
         named.append((suspect, best_margin, best_probes))
-        chosen.append(best)
+        chosen.append((best, best_bar))
         returns.append(behind(best))
         unexplained[best_probes] = False
         done.add(tuple(best))
-    _clear_explained(named, chosen, classes, behind, weight, clear)
+    _clear_explained(named, chosen, classes, behind, weight, clear,
+                     lambda rest, mine, bar: max(margins(rest, mine, bar)[:2]) >= 1.0)
     open_classes = []
     for (crossing, members), bar in zip(classes, bars):
         left = crossing[unexplained[crossing]]
@@ -251,33 +255,41 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     return Weighed(named, open_classes, hops)
 
 
-def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[list[Component]],
+def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[tuple[list[Component], float]],
                      classes: list[tuple[np.ndarray, list[Component]]], behind: Callable[[list[Component]], np.ndarray],
-                     weight: np.ndarray, clear: float) -> None:
-    """Drop from ``named`` (and ``chosen``, its classes' members) each suspect whose probes that no
-    other suspect may explain show it healthy: their pooled clipped ``z`` falls short of what the
-    suspect's own mean would have pooled to on as many probes by ``clear`` or more. One at a
-    time, the furthest short first; the suspect whose probes overlap the cleared one's the most
-    names it (``explains``). ``clear`` 0: none is dropped."""
+                     weight: np.ndarray, clear: float, past: Callable[[np.ndarray, np.ndarray, float], bool]) -> None:
+    """Drop from ``named`` (and ``chosen``, its classes' members and thresholds) each suspect whose
+    probes that no other suspect may cross (their paths or acknowledgements) show nothing: weighed
+    alone they are past neither of its thresholds (``past(rest, its probes, its bar)``), and their
+    pooled clipped ``z`` falls short by ``clear`` or more of what the suspect's own mean would have
+    pooled to on as many probes. One at a time, the furthest short first; the suspect that may
+    cross the most of the cleared one's probes names it (``explains``, with what the cleared one
+    explained), and no suspect keeps it in ``acks_behind``. ``clear`` 0: none is dropped."""
     crossings: dict[tuple[Component, ...], list[np.ndarray]] = defaultdict(list)
     for crossing, members in classes:  # a NIC's class weighed twice (masked paths): both probe sets
         crossings[tuple(members)].append(crossing)
-    may = [np.unique(np.concatenate(crossings[tuple(m)] + [behind(m)])) for m in chosen]
-    while clear and len(named) > 1:
+    may = [np.unique(np.concatenate(crossings[tuple(m)] + [behind(m)])) for m, _ in chosen]
+    while clear > 0 and len(named) > 1:
         gaps = []
-        for i, (_, _, mine) in enumerate(named):
+        for i, ((_, _, mine), (_, bar)) in enumerate(zip(named, chosen)):
             rest = np.setdiff1d(mine, np.concatenate([c for j, c in enumerate(may) if j != i]))
-            if MIN_PROBES <= len(rest) < len(mine):
+            if MIN_PROBES <= len(rest) < len(mine) and not past(rest, mine, bar):
                 expected = float(weight[mine].mean()) * np.sqrt(len(rest))
                 gaps.append((expected - float(weight[rest].sum()) / np.sqrt(len(rest)), -i))  # ties: the first
-        gap, first = max(gaps, default=(0.0, 0))
-        if gap < clear:
+        if not gaps or max(gaps)[0] < clear:
             return
-        cleared, _, mine = named.pop(-first)
-        chosen.pop(-first)
-        del may[-first]
+        i = -max(gaps)[1]
+        cleared, _, mine = named.pop(i)
+        chosen.pop(i)
+        del may[i]
+        label = _label(cleared)
+        for suspect, _, _ in named:
+            if label in suspect.evidence.get("acks_behind", []):
+                suspect.evidence["acks_behind"].remove(label)
+                if not suspect.evidence["acks_behind"]:
+                    del suspect.evidence["acks_behind"]
         by = max(range(len(named)), key=lambda j: (np.isin(mine, may[j]).sum(), -j))
-        named[by][0].evidence.setdefault("explains", []).append(_label(cleared))
+        named[by][0].evidence.setdefault("explains", []).extend([label, *cleared.evidence.get("explains", [])])
 
 
 def _masked(typical: dict[int, float], noise: float) -> np.ndarray:
