@@ -294,10 +294,9 @@ def summary(result: dict, label: str) -> list[dict]:
                 float(np.median(noise)), "<= 3", max(noise) <= 3),
             row("replay as recorded: max |error| %", worst_replay, max(noise), f"<= {GOAL_REPLAY:g}",
                 worst_replay <= GOAL_REPLAY),
-            *([row("replay against the profiled steps it was built from: max |error| % (baseline: the recording "
-                   "run's unprofiled steps against the median, max)", max(abs(r["against_window_pct"]) for r in replays),
-                   max(abs(r["run_against_median_pct"]) for r in replays), "none (where the error comes from)", True)]
-              if all("against_window_pct" in r for r in replays) else []),
+            row("replay against the profiled steps it was built from: max |error| % (baseline: the recording "
+                "run's unprofiled steps against the median, max)", max(abs(r["against_window_pct"]) for r in replays),
+                max(abs(r["run_against_median_pct"]) for r in replays), "none (where the error comes from)", True),
             row("what-if mean |error| % (baseline: no change)", float(np.mean(errors)),
                 float(np.mean([abs(c["no_change_pct"]) for c in cs])), f"<= {GOAL_MEAN:g}", np.mean(errors) <= GOAL_MEAN),
             row("what-if max |error| % (baseline: no change's max)", max(errors),
@@ -330,8 +329,7 @@ def print_seed(result: dict) -> None:
     print(table([("source", "form", "measured ms", "replayed ms", "error %", "run vs median %", "window vs run %",
                   "replay vs window %")] + [
         (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}",
-         *(f"{r[k]:+.1f}" if k in r else "" for k in ("run_against_median_pct", "window_against_run_pct",
-                                                     "against_window_pct")))
+         *(f"{r[k]:+.1f}" for k in ("run_against_median_pct", "window_against_run_pct", "against_window_pct")))
         for r in result["replays"]]))
     print("\nwhat-ifs (range: what one recording without probe steps allows, where the ops' fixed cost decides)")
     print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %",

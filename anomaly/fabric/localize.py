@@ -79,9 +79,9 @@ is weighed again on its probes that none may: where, alone, they are past neithe
 thresholds and fall short by ``clear`` (pooled ``z``) of what its own mean shortfall would have
 pooled to on as many, they show nothing of it, and it is dropped; the suspect that may cross
 most of its probes says so (``explains``). One at a time, the furthest short first. A suspect
-cleared is not followed up: its probes stay explained. (Were its remaining probes past its
-threshold, as where a second fault slows them, it would be kept.) (In a run of the routed namespace test with ECMP, 6 of host
-``dfab-h3``'s 8 connections out of ``leaf0`` took the slow uplink, and its NIC was named first;
+cleared is not followed up: its probes stay explained. Were its remaining probes past its
+threshold, as where a second fault slows them, it would be kept. (In a run of the routed
+namespace test with ECMP, 6 of host ``dfab-h3``'s 8 connections out of ``leaf0`` took the slow uplink, and its NIC was named first;
 its 9 other probes pooled to -0.8 against 3.6. Of the 60 runs kept, it is the only one the rule
 changes.)
 
@@ -243,7 +243,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         returns.append(behind(best))
         unexplained[best_probes] = False
         done.add(tuple(best))
-    _clear_explained(named, chosen, classes, behind, weight, clear,
+    _clear_explained(named, chosen, returns, classes, weight, clear,
                      lambda rest, mine, bar: max(margins(rest, mine, bar)[:2]) >= 1.0)
     open_classes = []
     for (crossing, members), bar in zip(classes, bars):
@@ -256,9 +256,10 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
 
 
 def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[tuple[list[Component], float]],
-                     classes: list[tuple[np.ndarray, list[Component]]], behind: Callable[[list[Component]], np.ndarray],
+                     returns: list[np.ndarray], classes: list[tuple[np.ndarray, list[Component]]],
                      weight: np.ndarray, clear: float, past: Callable[[np.ndarray, np.ndarray, float], bool]) -> None:
-    """Drop from ``named`` (and ``chosen``, its classes' members and thresholds) each suspect whose
+    """Drop from ``named`` (and ``chosen``, its classes' members and thresholds; ``returns``, per
+    suspect the probes whose acknowledgements may cross it, is read in step) each suspect whose
     probes that no other suspect may cross (their paths or acknowledgements) show nothing: weighed
     alone they are past neither of its thresholds (``past(rest, its probes, its bar)``), and their
     pooled clipped ``z`` falls short by ``clear`` or more of what the suspect's own mean would have
@@ -268,7 +269,7 @@ def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: lis
     crossings: dict[tuple[Component, ...], list[np.ndarray]] = defaultdict(list)
     for crossing, members in classes:  # a NIC's class weighed twice (masked paths): both probe sets
         crossings[tuple(members)].append(crossing)
-    may = [np.unique(np.concatenate(crossings[tuple(m)] + [behind(m)])) for m, _ in chosen]
+    may = [np.unique(np.concatenate(crossings[tuple(m)] + [acks])) for (m, _), acks in zip(chosen, returns)]
     while clear > 0 and len(named) > 1:
         gaps = []
         for i, ((_, _, mine), (_, bar)) in enumerate(zip(named, chosen)):
@@ -276,9 +277,10 @@ def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: lis
             if MIN_PROBES <= len(rest) < len(mine) and not past(rest, mine, bar):
                 expected = float(weight[mine].mean()) * np.sqrt(len(rest))
                 gaps.append((expected - float(weight[rest].sum()) / np.sqrt(len(rest)), -i))  # ties: the first
-        if not gaps or max(gaps)[0] < clear:
+        gap, first = max(gaps, default=(0.0, 0))
+        if gap < clear:
             return
-        i = -max(gaps)[1]
+        i = -first
         cleared, _, mine = named.pop(i)
         chosen.pop(i)
         del may[i]
