@@ -19,8 +19,10 @@ components, and a NIC named from them is slow in ``either`` direction.
 **Pooled evidence.** A fault of 10% hides in 10% of noise probe by probe, but not across the
 dozens of probes that may cross a link. Each probe's shortfall on a log scale is taken against
 the typical healthy probe of as many hops, read from the upper quartiles (faults and other
-traffic only slow probes, and ECMP may send half of them through a fault), in units of the
-noise (also from the upper quartiles), and clipped to ``±CLIP`` so that a few probes slowed a
+traffic only slow probes, and ECMP may send half of them through a fault) of each direction of
+a host pair once, as the median of its probes (the follow-ups probe again the pairs through the
+classes in doubt; counted each time, a fault's own probes would set what healthy looks like), in
+units of the noise (also from the upper quartiles), and clipped to ``±CLIP`` so that a few probes slowed a
 lot by other traffic weigh no more than a few slowed by a fault. A class has two scores:
 
 - *pooled*: the sum of its probes' clipped ``z`` over the square root of their number
@@ -58,7 +60,8 @@ narrower one (one of its uplinks) can score past it on its many probes alone. So
 is named, the classes whose probes lie within it and that are past their own thresholds are
 tried: if the rest of the wide class's probes, weighed alone, are past neither threshold, though
 they are enough to have shown a fault as large (the narrower class's mean clipped ``z`` times
-the square root of their number reaches the wide class's bar), the narrower class explains what
+the square root of their number reaches the wide class's bar) or fall short of what it would
+have shown by ``clear`` (as a cleared suspect's do, below), the narrower class explains what
 the wide one was named for and is named instead: of those that do, the one furthest past its
 threshold, and then within it in turn. The rest leaves out the probes whose way back may cross
 the narrower class: their acknowledgements queue behind the data of the probes that cross it
@@ -164,8 +167,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
         return Weighed([], [], np.zeros(0, np.int64))
     classes, hops, back = _classes(topology, probes, routing)
-    shortfall, typical = _shortfall(probes, hops)
-    noise = max(_upper_spread(-shortfall), 1e-9)
+    shortfall, noise, typical = _shortfall(probes, hops)
     masked = _masked(typical, noise) if probes.higher_is_better else np.zeros(0, np.int64)
     classes += _unmasked(topology, classes, hops, masked)
     z = shortfall / noise
@@ -202,8 +204,11 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                 if max(pooled, counted) < 1.0:
                     continue
                 rest = np.setdiff1d(np.setdiff1d(left, mine), behind(others))
-                if len(rest) < MIN_PROBES or float(weight[mine].mean()) * np.sqrt(len(rest)) < bar:
-                    continue  # too few to show it: a wide fault would leave them as unremarkable
+                if len(rest) < MIN_PROBES:
+                    continue
+                expected = float(weight[mine].mean()) * np.sqrt(len(rest))  # a wide fault as large, pooled on them
+                if expected < bar and not 0 < clear <= expected - float(weight[rest].sum()) / np.sqrt(len(rest)):
+                    continue  # too few to show it, and not far short of it: a wide fault may leave them so
                 if max(margins(rest, left, bar)[:2]) < 1.0:
                     inner.append(((pooled >= 1.0, pooled if pooled >= 1.0 else counted), others, mine, other_score,
                                   max(pooled, counted), other_bar))
@@ -356,21 +361,40 @@ def _normal_z(log_tail: float) -> float:
     return float(np.sqrt(-2.0 * log_tail - 2.0 * np.log(first) - np.log(2 * np.pi)))
 
 
-def _shortfall(probes: Probes, hops: np.ndarray) -> tuple[np.ndarray, dict[int, float]]:
+def _shortfall(probes: Probes, hops: np.ndarray) -> tuple[np.ndarray, float, dict[int, float]]:
     """Each probe's shortfall on a log scale (``log(typical/value)`` for bandwidth) against the
     typical healthy probe of as many hops (of all probes, for fewer than ``MIN_PEERS`` of them):
     paths of different lengths may differ by design. Faults and other traffic only slow probes,
     and ECMP may send half a hop group through a fault, so the healthy probes are read from the
-    upper quartiles: the typical value is the 75th percentile less 0.674 of the spread. Also the
-    typical value (log scale) of each length with ``MIN_PEERS`` probes or more."""
+    upper quartiles: the typical value is the 75th percentile less 0.674 of the spread, read
+    from each direction of a host pair once (:func:`_per_pair`). Also the noise (the upper spread
+    of every probe's shortfall) and the typical value (log scale) of each length with
+    ``MIN_PEERS`` directions or more."""
     logs = np.log(probes.value) if probes.higher_is_better else -np.log(probes.value)
-    centre = np.full(len(logs), _typical(logs))
+    once, length_of = _per_pair(probes, logs, hops)
+    centre = np.full(len(logs), _typical(once))
     typical: dict[int, float] = {}
     for length in np.unique(hops).tolist():
-        peers = hops == length
+        peers = length_of == length
         if peers.sum() >= MIN_PEERS:
-            centre[peers] = typical[length] = _typical(logs[peers])
-    return centre - logs, typical
+            centre[hops == length] = typical[length] = _typical(once[peers])
+    shortfall = centre - logs
+    return shortfall, max(_upper_spread(-shortfall), 1e-9), typical
+
+
+def _per_pair(probes: Probes, logs: np.ndarray, hops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per direction of a host pair, the median of its probes' ``logs``, and its hop count. The
+    follow-ups probe again the pairs whose probes may cross a class in doubt: counted each time,
+    a fault's own probes would set what healthy looks like (a leaf switch slowed by 10%: its
+    pairs' probes were 72% of all after the follow-ups, and pulled the upper quartiles down to
+    them)."""
+    pair = probes.src.astype(np.int64) * len(probes.hosts) + probes.dst
+    _, first, which = np.unique(pair, return_index=True, return_inverse=True)
+    if len(first) == len(pair):  # no pair probed again
+        return logs, hops
+    order = np.argsort(which, kind="stable")
+    groups = np.split(logs[order], np.flatnonzero(np.diff(which[order])) + 1)
+    return np.array([np.median(g) for g in groups]), hops[first]
 
 
 def _typical(logs: np.ndarray) -> float:
