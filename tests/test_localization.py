@@ -257,6 +257,20 @@ def test_a_nic_whose_probes_mostly_crossed_the_slow_uplink_is_not_named_on_real_
     assert "explains" not in suspect.evidence
 
 
+def test_a_nic_whose_slow_probes_another_suspect_explains_is_cleared() -> None:
+    """Simulated probes of a k=4 fat tree whose core link ``core2 -> agg0_1`` runs at 60%: the
+    pod's links from the core are named, and host ``h2``'s NIC (receiving), named first where
+    nothing is cleared, is dropped: its probes that no path through those links may explain ran
+    as fast as the typical probe. The links say they explain it."""
+    topology = from_spec(json.loads((FABRIC_DATA / "sim-fat-tree-k4.json").read_text()))
+    probes = read_probes(FABRIC_DATA / "sim-fat-tree-core-link-probes.csv")
+    [suspect] = localize(topology, probes, z_class=FOLLOWED_Z)
+    assert suspect.kind == "link" and "core2->agg0_1" in {suspect.name, *suspect.evidence["same_as"]}
+    assert suspect.evidence["explains"] == ["h2/nic0 (receiving)"]
+    kept = weigh(topology, probes, z_class=FOLLOWED_Z, clear=0.0).named  # the rule off
+    assert [(s.kind, s.name) for s, _, _ in kept] == [("nic", "h2/nic0"), ("link", suspect.name)]
+
+
 def test_a_suspect_whose_remaining_probes_name_it_alone_is_kept() -> None:
     """Two faults at once: the same run's probes into ``dfab-h3`` from 9 hosts made slow (its NIC
     slow receiving, beside the slow uplink). The uplink's probes that the NIC may not explain are
