@@ -74,8 +74,11 @@ earlier suspect (not its own NIC's other direction) says so (``acks_behind``), f
 that suspect's echo rather than a fault of its own. (Of 12 runs of the routed namespace test
 with ECMP on 2026-11-28, whose probes' noise was 0.35 to 0.84 on a log scale, 2 named first the
 switch ``leaf0`` or the spines' class, ``spine0`` and ``spine1``; the rest of their probes
-weigh 1.1 and 4.5 pooled against a bar of 5.5. Their probes, in ``tests/data/fabric``, now
-name the uplinks; the 12 runs routed by destination name the same with either rule.)
+weighed 1.1 and 4.5 pooled against a bar of 5.5. Their probes, in ``tests/data/fabric``, now
+name the uplinks; the 12 runs routed by destination name the same with either rule. With the
+typical probe read once per pair, run 7 names the uplinks at once, and run 6's rest, 12 probes,
+pools to 0.95 where the uplinks' fault would have shown 5.17: under the bar, but short of it by
+more than ``clear``, so the uplinks are named.)
 
 **Cleared suspects.** A suspect named for probes that another suspect's path may also explain
 is weighed again on its probes that none may: where, alone, they are past neither of its
@@ -123,10 +126,12 @@ NO_PEERS = 1.0
 mean recall 0.863 -> 0.836), but scored on a fresh seed it lost every spine switch slowed by
 40% on the leaf-spine (0 of 20 where 1.0 finds 20): the mean recall hid a whole kind of fault.
 So 1.0, as before; the results are kept (``health-localization-no-peers-1.5-seed1916299``)."""
-MIN_PEERS = 8  # probes of one path length enough to take their own typical value
+MIN_PEERS = 8  # directions of host pairs of one path length enough to take their own typical value
 CLEAR = 3.0
 """How far short (in pooled ``z``) a suspect's probes that no other suspect may explain must fall
-of what its fault would have shown on them, for it to be cleared (see the module docstring)."""
+of what its fault would have shown on them, for it to be cleared; and a wide class's probes
+outside a narrower one, for the narrower to be named in its place though they are too few to
+reach the bar (see the module docstring). ``clear <= 0`` turns off both."""
 Z_SLOW = 3.0  # a very slow probe: this many deviations of the noise short
 Q75, Q90 = 0.6745, 1.2816  # the normal law's 75th and 90th percentiles, in standard deviations
 
@@ -161,7 +166,8 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
           clip: float = CLIP, z_count: float = Z_COUNT, no_peers: float = NO_PEERS,
           routing: Routing | None = None, clear: float = CLEAR) -> Weighed:
     """The greedy localization of :func:`localize` (see the module docstring), with the
-    margins that adaptive probing reads (:mod:`dpro.anomaly.fabric.follow_up`)."""
+    margins that adaptive probing reads (:mod:`dpro.anomaly.fabric.follow_up`); ``clear``: see
+    :data:`CLEAR`."""
     missing = [h for h in probes.hosts if h not in topology]
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
@@ -364,7 +370,7 @@ def _normal_z(log_tail: float) -> float:
 
 def _shortfall(probes: Probes, hops: np.ndarray) -> tuple[np.ndarray, float, dict[int, float]]:
     """Each probe's shortfall on a log scale (``log(typical/value)`` for bandwidth) against the
-    typical healthy probe of as many hops (of all probes, for fewer than ``MIN_PEERS`` of them):
+    typical healthy probe of as many hops (of all probes, for fewer than ``MIN_PEERS`` directions):
     paths of different lengths may differ by design. Faults and other traffic only slow probes,
     and ECMP may send half a hop group through a fault, so the healthy probes are read from the
     upper quartiles: the typical value is the 75th percentile less 0.674 of the spread, read
