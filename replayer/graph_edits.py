@@ -87,7 +87,6 @@ class WhatIf:
         self._repeat = np.ones(len(nodes))  # algorithm steps each send now stands for
         self._extra = np.zeros(len(nodes))  # time added to a send (a comm hook's compute)
         self._model_of: dict[int, tuple] = {}
-        self._step_of: dict[tuple, float] = {}  # per kind of call, its sends' mean recorded time (:meth:`_step_ns`)
         self.dropped: set[tuple[str, int]] = set()  # the collectives :meth:`drop_collective` took out
         self._ends_of: tuple | None = None  # the collectives table, and its sends and done nodes as arrays
         for c in graph.collectives.itertuples():
@@ -231,36 +230,6 @@ class WhatIf:
         self._rate[sends] *= sharing
         self._share[sends] = scaled.fraction.mean() / recorded.fraction.mean()
         self._repeat[sends] = steps
-        self._keep_latency(c, sends)
-
-    def _keep_latency(self, c: pd.Series, sends: np.ndarray) -> None:
-        """A regrouped call whose sends are latency-bound by their new model, as recorded and as
-        regrouped, takes a step's time from the run's own sends of its kind (its collective and
-        bytes over as many ranks on its class of links: their mean), not from the model's fixed
-        term: fitted over the calibration's sizes, that term is the least certain part of it
-        (1.2-5.4 ms a 4-rank all-reduce over ten recordings of one testbed job whose small
-        calls' steps all took 0.8 ms). What the step's time depends on besides (a link's class,
-        here host-bound) is not modelled."""
-        link = self.model[self._model_of[int(sends[0])]]
-        recorded = self.graph.nodes["bytes"].to_numpy(np.float64)[sends]
-        nbytes = self._bytes[sends] * self._share[sends] / self._class_rate[sends]
-        if not (np.maximum(recorded, nbytes) / link.beta_bytes_per_ns < link.alpha_ns).all():
-            return
-        model_ns = link.time_ns(nbytes, self._bandwidth[sends] * self._rate[sends], self._parts[sends])
-        self._residual[sends] = self._step_ns(c) / model_ns
-
-    def _step_ns(self, c: pd.Series) -> float:
-        """The mean recorded time of a send of the calls like ``c``: of its collective and bytes,
-        over as many ranks on the same class of links."""
-        kind = (c["coll"], float(c["bytes"]), len(c["ranks"]), link_class(self.graph, c["ranks"]))
-        if kind not in self._step_of:
-            table = self.graph.collectives
-            like = table[(table["coll"] == kind[0]) & (table["bytes"] == kind[1])
-                         & (table["ranks"].map(len) == kind[2])]
-            like = like[[link_class(self.graph, r) == kind[3] for r in like["ranks"]]]
-            sends = np.concatenate([np.asarray(v, np.int64) for v in like["sends"]])
-            self._step_of[kind] = float(self.graph.nodes["dur_ns"].to_numpy(np.float64)[sends].mean())
-        return self._step_of[kind]
 
     def fuse_buckets(self, groups: list[list[int]]) -> "WhatIf":
         """Fuse DDP's all-reduces: each group of occurrences (in order of issue) becomes one

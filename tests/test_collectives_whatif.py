@@ -118,30 +118,6 @@ def test_a_call_moved_to_a_class_with_no_model_scales_all_its_time_per_byte() ->
     assert w.durations[sends] == pytest.approx((1000 + per_send * (2 + 8 / 2)) * w._residual[sends])
 
 
-def test_a_regrouped_latency_bound_call_takes_its_steps_time_from_the_run() -> None:
-    """Two 2-rank all-reduces asked over 4 ranks (3 times the steps). The small one is
-    latency-bound by the model, as recorded and as regrouped: its sends take the mean of its
-    recorded sends, times 3, not the model's fixed term. The big one stays on the model."""
-    nodes = pd.DataFrame({"rank": [0, 1, 0, 1], "kind": "cpu", "resource": ["r0/cpu/9", "r1/cpu/9"] * 2,
-                          "name": "gloo:all_reduce", "dur_ns": [1e6, 1e6, 1e8, 1e8],
-                          "offset_ns": [0.0, 0.0, 2e6, 2e6], "coll_name": "all_reduce"})
-    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
-    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_reduce", 0, {0: 0, 1: 1}, 512),
-                                                      Matched("all_reduce", 1, {0: 2, 1: 3}, 8e6)])
-    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e9, 1: 1e9},
-                          collectives=table, hosts={0: "a", 1: "b"})
-    model = {("all_reduce", "inter"): AlphaBeta(alpha_ns=1e4, beta_bytes_per_ns=1.0, points=7)}
-    small, big = (np.asarray(table.at[k, "sends"]) for k in (0, 1))
-    recorded = graph.nodes["dur_ns"].to_numpy()
-    w = WhatIf(graph, model=model)
-    was = w._residual[big].copy()
-    w.regroup([("all_reduce", 0), ("all_reduce", 1)], 4, "inter")
-    assert w.durations[small] == pytest.approx(np.full(len(small), recorded[small].mean() * 3))
-    assert recorded[small].mean() * 3 > 10 * model[("all_reduce", "inter")].time_ns(512) * 3
-    per_send = graph.nodes["bytes"].to_numpy()[big] / 2  # a 4-rank ring's step carries half a 2-rank one's
-    assert w.durations[big] == pytest.approx((1e4 + per_send) * 3 * was)
-
-
 def test_alpha_beta_fit() -> None:
     sizes = np.array([1e3, 1e4, 1e5, 1e6])
     fit = fit_alpha_beta(sizes, 5_000 + sizes / 12.5)  # 5 us, 12.5 GB/s
