@@ -11,9 +11,9 @@ passing traffic slowed stood out against the medians' spread, tuning seed 1.)
 shares with others a fraction of its pod's: a 10% fault in 10% noise then leaves its class past
 the noise but short of the localizer's threshold. So after the first sweep every class past
 :data:`DOUBT` of its threshold but not named, and every suspect named with less than
-:data:`CONFIRM` times it, is probed again: the host pairs whose probes may cross it, once more
-each (on the paths they took before), until none is left in doubt, the extra pairs reach
-:data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done. Probes measured again
+:data:`CONFIRM` times it, is probed again: the host pairs whose probes may cross it and fell short
+there (below), once more each (on the paths they took before), until none is left in doubt,
+the extra pairs reach :data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done. Probes measured again
 through a class that other traffic or chance slowed pull it back under its threshold; those
 through a fault push it past; the suspects are then named from every probe at the stricter
 :data:`Z_CLASS`. A class every probe of its lengths may cross (both spines of a leaf-spine) is
@@ -21,10 +21,22 @@ not followed up: no probe outside it shows what healthy looks like. The rounds k
 of a round apart as the first sweep's do (:mod:`dpro.anomaly.fabric.schedule`). Doubt is judged
 at the localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`.
 
-**Settings.** :data:`DOUBT` and :data:`Z_CLASS` were tuned on ``benchmarks.health_localization``'s
-tuning trials (``--tune``), when its simulator gave every probe a new path; :data:`SWEEPS` later
-(``--tune-sweeps``), on the paths a job's connections keep; :data:`EXTRA` (one more sweep at
-most: the check's time), :data:`CONFIRM` and :data:`PASSES` were set, not tuned.
+**Distilled.** Of the pairs whose probes may cross a class in doubt, only those whose probes
+through it fell short (their mean ``z`` above :data:`DISTIL`) are probed again, as in distilled
+sensing (Haupt, Castro and Nowak, 2011): a pair keeps its path, so one through a slow link
+stays slow, and the pairs a fault is not on are mostly left out. One of a fat-tree pod's four
+links to the cores slows a quarter of its class's probes; probed again alike, the other three
+quarters dilute it as much each pass. The pairs probed again are fresh draws, so other
+tenants' traffic does not follow them; but a class's earlier probes, which chance put in doubt,
+weigh more against fewer new ones, so the bar after follow-ups rose with it.
+
+**Settings.** :data:`DOUBT` was tuned on ``benchmarks.health_localization``'s tuning trials
+(``--tune``), when its simulator gave every probe a new path; :data:`SWEEPS` later
+(``--tune-sweeps``), on the paths a job's connections keep; :data:`DISTIL` and :data:`Z_CLASS`
+together (``--tune-distil``: 0.0 and 6.5 of -inf, -0.5, 0.0, 0.5 by 5.5, 6.0, 6.5, the best
+mean recall at 10–40% faults within the false-alarm goals; -inf and 5.5 before, every pair
+probed again). :data:`EXTRA` (one more sweep at most: the check's time), :data:`CONFIRM` and
+:data:`PASSES` were set, not tuned.
 """
 
 from __future__ import annotations
@@ -32,13 +44,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import networkx as nx
+import numpy as np
+import pandas as pd
 
 from dpro.anomaly.fabric.localize import has_peers, weigh
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 
-__all__ = ["CONFIRM", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "follow_up", "probe_adaptively", "repeated"]
+__all__ = ["CONFIRM", "DISTIL", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "follow_up", "probe_adaptively", "repeated"]
 
 DOUBT = 0.3
 CONFIRM = 2.0
@@ -47,10 +61,14 @@ PASSES = 3
 SWEEPS = 8
 """How many times each round is measured, each repeat a share of its probe time (see the module
 docstring)."""
-Z_CLASS = 5.5
+DISTIL = 0.0
+"""A pair whose probes through a class in doubt fell short by no more than this (their mean
+``z``) is not probed again for it (see the module docstring); ``-inf``: every pair is."""
+Z_CLASS = 6.5
 """The pooled threshold after follow-ups: other tenants' traffic slows a few probes of every
-class, and follow-ups add probes to the classes the first sweep's chance picked; a stricter bar
-keeps false alarms where the first sweep alone had them."""
+class, and follow-ups add probes to the classes the first sweep's chance picked, fewer of them
+where they are distilled; a stricter bar keeps false alarms where the first sweep alone had
+them."""
 
 Measure = Callable[[list[list[tuple[int, int]]], int], Probes]
 """Probes the rounds given, numbering them from the second argument; the probes measured."""
@@ -60,10 +78,11 @@ Schedule = Callable[[list[tuple[int, int]]], list[list[tuple[int, int]]]]
 
 
 def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float = DOUBT,
-              confirm: float = CONFIRM, routing: Routing | None = None) -> list[tuple[int, int]]:
+              confirm: float = CONFIRM, routing: Routing | None = None, distil: float = DISTIL
+              ) -> list[tuple[int, int]]:
     """The host pairs (indices, ``a < b``) to probe again, at most ``budget``: those whose
-    probes may cross a class in doubt, the class nearest its threshold first (``routing``:
-    the known routes, if any)."""
+    probes may cross a class in doubt and fell short there by more than ``distil`` (mean
+    ``z``), the class nearest its threshold first (``routing``: the known routes, if any)."""
     weighed = weigh(topology, probes, routing=routing)
     targets = [(abs(1.0 - margin), crossing) for _, margin, crossing in weighed.named if margin < confirm]
     targets += [(1.0 - margin, crossing) for crossing, margin in weighed.open if doubt <= margin < 1.0]
@@ -71,9 +90,17 @@ def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float
     targets = [(order, crossing) for order, crossing in targets if has_peers(crossing, weighed.hops)]
     pairs: dict[tuple[int, int], None] = {}
     for _, crossing in sorted(targets, key=lambda t: t[0]):
-        for s, d in zip(probes.src[crossing], probes.dst[crossing]):
-            pairs[min(int(s), int(d)), max(int(s), int(d))] = None
+        pairs.update(dict.fromkeys(_slow_pairs(probes, crossing, weighed.z, distil)))
     return list(pairs)[:budget]
+
+
+def _slow_pairs(probes: Probes, crossing: np.ndarray, z: np.ndarray, distil: float) -> list[tuple[int, int]]:
+    """The host pairs (``a < b``, in the order of their first probe) of the probes ``crossing``
+    a class whose mean ``z`` over those probes is above ``distil``."""
+    src, dst = probes.src[crossing], probes.dst[crossing]
+    frame = pd.DataFrame({"a": np.minimum(src, dst), "b": np.maximum(src, dst), "z": z[crossing]})
+    means = frame.groupby(["a", "b"], sort=False)["z"].mean()
+    return [(int(a), int(b)) for (a, b), mean in means.items() if mean > distil]
 
 
 def repeated(measure: Measure, rounds: list[list[tuple[int, int]]], sweeps: int, first_round: int = 0) -> Probes:
@@ -90,9 +117,11 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
                      first: list[list[tuple[int, int]]], extra: float = EXTRA, passes: int = PASSES,
                      doubt: float = DOUBT, confirm: float = CONFIRM,
                      agree: Agree = lambda pairs: pairs, schedule: Schedule | None = None,
-                     routing: Routing | None = None, sweeps: int = SWEEPS) -> tuple[Probes, int]:
+                     routing: Routing | None = None, sweeps: int = SWEEPS, distil: float = DISTIL
+                     ) -> tuple[Probes, int]:
     """The first sweep's rounds, then up to ``passes`` follow-ups, each measured ``sweeps`` times
-    (:func:`repeated`); every probe kept and the number of pairs the follow-ups measured.
+    (:func:`repeated`), distilled at ``distil`` (:data:`DISTIL`); every probe kept and the number
+    of pairs the follow-ups measured.
     ``agree``: the pairs every prober takes, given this one's (a job's ranks take rank 0's:
     their floats may differ by a last bit). ``schedule``: the rounds
     of the pairs a follow-up probes (default: :func:`probe_rounds` over ``tiers``);
@@ -104,7 +133,7 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
     for _ in range(passes):
         if not len(probes.value):  # the check's time budget ran out before the first round
             break
-        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm, routing))
+        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm, routing, distil))
         if not pairs:
             break
         rounds = schedule(pairs) if schedule is not None else probe_rounds(len(probes.hosts), tiers, pairs)

@@ -156,11 +156,13 @@ def localize(topology: nx.MultiGraph | None, probes: Probes, z_class: float = Z_
 class Weighed:
     """What the probes say: the suspects named, each with its ``margin`` (its score over its
     threshold: 1 just named) and the probes it explains, and per class neither named nor cleared
-    (:func:`_clear_explained`), its probes not explained by a suspect and its margin on them."""
+    (:func:`_clear_explained`), its probes not explained by a suspect and its margin on them;
+    each probe's hop count and its shortfall in units of the noise (``z``)."""
 
     named: list[tuple[Suspect, float, np.ndarray]]
     open: list[tuple[np.ndarray, float]]
     hops: np.ndarray
+    z: np.ndarray
 
 
 def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min_effect: float = MIN_EFFECT,
@@ -173,7 +175,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
-        return Weighed([], [], np.zeros(0, np.int64))
+        return Weighed([], [], np.zeros(0, np.int64), np.zeros(0))
     classes, hops, back = _classes(topology, probes, routing)
     shortfall, noise, typical = _shortfall(probes, hops)
     masked = _masked(typical, noise) if probes.higher_is_better else np.zeros(0, np.int64)
@@ -265,7 +267,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
             continue
         if len(left) >= MIN_PROBES:
             open_classes.append((left, max(margins(left, crossing, bar)[:2])))
-    return Weighed(named, open_classes, hops)
+    return Weighed(named, open_classes, hops, z)
 
 
 def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[tuple[list[Component], float]],
