@@ -63,11 +63,11 @@ from dpro.anomaly.suspects import Suspect
 from . import fabric_sim as sim
 
 TUNING_SEED = 1
-SCORING_SEED = 3661627
-"""Drawn after the localizer read the typical healthy probe from each pair once (``de2ecb3``,
-checked on tuning seed 1; it carries the clearing's mend, ``fadc872``, not scored on a seed of
-its own) and committed before its run; scored once
-(``docs/results/2026-11-28/health-localization-seed3661627.*``). Earlier: 8689391 (the clearing of suspects
+SCORING_SEED = 8101147
+"""Drawn at 16:09 UTC on 2026-11-28, after the distilled follow-ups and their bar (``fa47d53``,
+tuned on seed 1 by ``--tune-distil``) were committed, and committed before its run; scored once
+(``docs/results/2026-11-28/health-localization-seed8101147.*``). Earlier: 3661627 (the typical
+healthy probe read from each pair once, ``de2ecb3``, with the clearing's mend ``fadc872``), 8689391 (the clearing of suspects
 another explains, ``9944f88``), 4788303 (the narrowest-class rule and its review's mends,
 ``66fb792``, ``68cd864``), 7421226 (drawn for ``66fb792``; its run was stopped before it printed anything,
 when the review found that rule named a slightly slow leaf as its uplinks), 3346315 (the repeated rounds,
