@@ -30,9 +30,10 @@ localizer names from the first sweep alone at its own thresholds (what the check
 followed up), and the probes a trial spent.
 
 **Tuning vs scoring.** The localizer's ``clip``, ``z_class`` and ``z_count`` were chosen on the
-first sweep alone, on trials of ``TUNING_SEED``; the follow-up's ``doubt`` and the pooled
-threshold after it by :func:`tune` on trials of the same seed (``python -m benchmarks.health_localization --tune``), the
-held-out fabric never among them; the figures come from trials of ``SCORING_SEED``, never used
+first sweep alone, on trials of ``TUNING_SEED``; the follow-up's ``doubt`` by :func:`tune` on
+trials of the same seed (``python -m benchmarks.health_localization --tune``, every pair in doubt
+probed again), its ``distil`` and the pooled threshold after it by :func:`tune_distil`
+(``--tune-distil``), the held-out fabric never among them; the figures come from trials of ``SCORING_SEED``, never used
 for tuning.
 
     python -m benchmarks health_localization [--quick]
@@ -415,20 +416,23 @@ def tune_sweeps(faults: int = TUNING_FAULTS // 2) -> int:
 def tune_distil(faults: int = TUNING_FAULTS * 4 // 5) -> tuple[float, float]:
     """The follow-up's ``distil`` (:data:`dpro.anomaly.fabric.follow_up.DISTIL`) and the pooled
     threshold after it (``z_class``): of ``DISTIL_GRID`` by ``DISTIL_Z_CLASSES``, the best mean
-    recall at 10–40% faults among those whose false alarms stay within the goals (``LIGHT`` at
-    every noise, ``HEAVY``); if none does, the fewest false alarms under ``LIGHT``. Each
-    ``distil`` measures its own trials of ``TUNING_SEED`` (the tuned fabrics only; the
-    settings' processes run side by side), and its thresholds judge the same probes. Prints
-    each setting's figures."""
+    recall at 10–40% faults among those whose false alarms stay within the goals on each
+    fabric (``LIGHT`` at both noises of the grid, ``HEAVY``); if none does, the fewest false
+    alarms under ``LIGHT``. Each ``distil`` draws its trials of ``TUNING_SEED`` from a generator
+    of its own (the tuned fabrics only; the settings' processes run side by side): the same
+    draws until its follow-ups first part from another setting's. Its thresholds judge the
+    same probes. Prints each setting's figures. (The committed ``DISTIL`` and ``Z_CLASS`` were
+    chosen when this rule pooled the two fabrics' trials, ``fa47d53``; not rerun since.)"""
     with ProcessPoolExecutor() as pool:
         found = dict(zip(DISTIL_GRID, pool.map(_distilled, DISTIL_GRID, [faults] * len(DISTIL_GRID))))
     chosen, best = None, (False, -1.0)
     for distil, z_class in itertools.product(DISTIL_GRID, DISTIL_Z_CLASSES):
         hits = found[distil][z_class]
-        light = max(np.mean(v) for (b, _, size), v in hits.items() if b == LIGHT and not size)
-        heavy = float(np.mean(hits[HEAVY, HEAVY_NOISE, 0.0]))
-        recall = float(np.mean([np.mean(v) for (_, _, size), v in hits.items() if size]))
-        print(f"distil {distil}, z_class {z_class}: false alarms {light:.3f} light (worst noise), {heavy:.3f} heavy; "
+        light = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == LIGHT and not size)
+        heavy = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == HEAVY and not size)
+        recall = float(np.mean([np.mean(v) for (_, _, _, size), v in hits.items() if size]))
+        print(f"distil {distil}, z_class {z_class}: false alarms {light:.3f} light, {heavy:.3f} heavy (worst fabric and "
+              f"noise); "
               f"mean recall {recall:.3f}", flush=True)
         within = light <= GOAL_ALARMS[LIGHT] and heavy <= GOAL_ALARMS[HEAVY]
         key = (within, recall if within else -light)
@@ -437,21 +441,22 @@ def tune_distil(faults: int = TUNING_FAULTS * 4 // 5) -> tuple[float, float]:
     return chosen
 
 
-def _distilled(distil: float, faults: int) -> dict[float, dict[tuple[sim.Background, float, float], list[bool]]]:
-    """Per pooled threshold of ``DISTIL_Z_CLASSES``, per point of :func:`tune_distil`'s grid,
-    whether each trial named the fault (a healthy fabric: named anything), follow-ups distilled
-    at ``distil``."""
+def _distilled(distil: float, faults: int) -> dict[float, dict[tuple[str, sim.Background, float, float], list[bool]]]:
+    """Per pooled threshold of ``DISTIL_Z_CLASSES``, per fabric and point of :func:`tune_distil`'s
+    grid, whether each trial named the fault (a healthy fabric: named anything), follow-ups
+    distilled at ``distil``."""
     grid = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
     grid += [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES[1:])]
-    found: dict = {z: {point: [] for point in grid} for z in DISTIL_Z_CLASSES}
+    tuned = cases(held_out=False)
+    found: dict = {z: {(case.name, *point): [] for case in tuned for point in grid} for z in DISTIL_Z_CLASSES}
     rng = np.random.default_rng(TUNING_SEED)
-    for case in cases(held_out=False):
+    for case in tuned:
         for background, noise, size in grid:
             for _ in range(faults):
                 fault, probes = probed(case, rng, size, noise, background, Follow(distil=distil))
                 for z_class in DISTIL_Z_CLASSES:
                     suspects = localize(case.topology, probes, z_class=z_class)
-                    found[z_class][background, noise, size].append(
+                    found[z_class][case.name, background, noise, size].append(
                         any(finds(s, fault) for s in suspects) if fault else bool(suspects))
     return found
 
