@@ -33,8 +33,8 @@ followed up), and the probes a trial spent.
 first sweep alone, on trials of ``TUNING_SEED``; the follow-up's ``doubt`` by :func:`tune` on
 trials of the same seed (``python -m benchmarks.health_localization --tune``, every pair in doubt
 probed again), its ``distil`` and the pooled threshold after it by :func:`tune_distil`
-(``--tune-distil``), the held-out fabric never among them; the figures come from trials of ``SCORING_SEED``, never used
-for tuning.
+(``--tune-distil``), the held-out fabric never among them; the figures come from trials of
+``SCORING_SEED``, never used for tuning.
 
     python -m benchmarks health_localization [--quick]
 """
@@ -68,9 +68,9 @@ SCORING_SEED = 8101147
 """Drawn at 16:09 UTC on 2026-11-28, after the distilled follow-ups and their bar (``fa47d53``,
 tuned on seed 1 by ``--tune-distil``) were committed, and committed before its run; scored once
 (``docs/results/2026-11-28/health-localization-seed8101147.*``). Earlier: 3661627 (the typical
-healthy probe read from each pair once, ``de2ecb3``, with the clearing's mend ``fadc872``), 8689391 (the clearing of suspects
-another explains, ``9944f88``), 4788303 (the narrowest-class rule and its review's mends,
-``66fb792``, ``68cd864``), 7421226 (drawn for ``66fb792``; its run was stopped before it printed anything,
+healthy probe read from each pair once, ``de2ecb3``, with the clearing's mend ``fadc872``),
+8689391 (the clearing of suspects another explains, ``9944f88``), 4788303 (the narrowest-class
+rule and its review's mends, ``66fb792``, ``68cd864``), 7421226 (drawn for ``66fb792``; its run was stopped before it printed anything,
 when the review found that rule named a slightly slow leaf as its uplinks), 3346315 (the repeated rounds,
 :data:`dpro.anomaly.fabric.follow_up.SWEEPS`, and the simulator's one path per host pair's
 connection), 8945295 (the masked-paths rule,
@@ -363,8 +363,7 @@ def tune_no_peers(faults: int = TUNING_FAULTS) -> float:
     whose false alarms stay within ``TUNE_ALARMS`` under ``LIGHT`` background and the goal under
     ``HEAVY``; if none does, the fewest false alarms under ``HEAVY``. Every setting judges the
     same trials (of ``TUNING_SEED``, on the tuned fabrics only). Prints each setting's figures."""
-    grid = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
-    grid += [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES[1:])]
+    grid = _tuning_grid()
     found = {f: {point: [] for point in grid} for f in NO_PEERS_GRID}
     rng = np.random.default_rng(TUNING_SEED)
     for case in cases(held_out=False):
@@ -373,8 +372,7 @@ def tune_no_peers(faults: int = TUNING_FAULTS) -> float:
                 fault, probes = probed(case, rng, size, noise, background)
                 for f in NO_PEERS_GRID:
                     suspects = localize(case.topology, probes, z_class=FOLLOWED_Z_CLASS, no_peers=f)
-                    hit = any(finds(s, fault) for s in suspects) if fault else bool(suspects)
-                    found[f][background, noise, size].append(hit)
+                    found[f][background, noise, size].append(_hit(fault, suspects))
     chosen, best = None, (False, -1.0)
     for f in NO_PEERS_GRID:
         light = max(np.mean(v) for (b, _, size), v in found[f].items() if b == LIGHT and not size)
@@ -397,8 +395,7 @@ def tune_sweeps(faults: int = TUNING_FAULTS // 2) -> int:
     measures its own trials of ``TUNING_SEED`` (the tuned fabrics only), each from a generator
     of that seed drawn on in turn, so the settings do not see the same faults. Prints each
     setting's figures."""
-    grid = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
-    grid += [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES[1:])]
+    grid = _tuning_grid()
     figures = {}
     for count in SWEEPS_GRID:
         results = sweep(TUNING_SEED, faults, grid, fabrics=cases(held_out=False), follow_up=Follow(sweeps=count))
@@ -431,9 +428,8 @@ def tune_distil(faults: int = TUNING_FAULTS * 4 // 5) -> tuple[float, float]:
         light = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == LIGHT and not size)
         heavy = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == HEAVY and not size)
         recall = float(np.mean([np.mean(v) for (_, _, _, size), v in hits.items() if size]))
-        print(f"distil {distil}, z_class {z_class}: false alarms {light:.3f} light, {heavy:.3f} heavy (worst fabric and "
-              f"noise); "
-              f"mean recall {recall:.3f}", flush=True)
+        print(f"distil {distil}, z_class {z_class}: false alarms {light:.3f} light, {heavy:.3f} heavy "
+              f"(worst fabric and noise); mean recall {recall:.3f}", flush=True)
         within = light <= GOAL_ALARMS[LIGHT] and heavy <= GOAL_ALARMS[HEAVY]
         key = (within, recall if within else -light)
         if key > best:
@@ -445,8 +441,7 @@ def _distilled(distil: float, faults: int) -> dict[float, dict[tuple[str, sim.Ba
     """Per pooled threshold of ``DISTIL_Z_CLASSES``, per fabric and point of :func:`tune_distil`'s
     grid, whether each trial named the fault (a healthy fabric: named anything), follow-ups
     distilled at ``distil``."""
-    grid = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
-    grid += [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES[1:])]
+    grid = _tuning_grid()
     tuned = cases(held_out=False)
     found: dict = {z: {(case.name, *point): [] for case in tuned for point in grid} for z in DISTIL_Z_CLASSES}
     rng = np.random.default_rng(TUNING_SEED)
@@ -456,9 +451,20 @@ def _distilled(distil: float, faults: int) -> dict[float, dict[tuple[str, sim.Ba
                 fault, probes = probed(case, rng, size, noise, background, Follow(distil=distil))
                 for z_class in DISTIL_Z_CLASSES:
                     suspects = localize(case.topology, probes, z_class=z_class)
-                    found[z_class][case.name, background, noise, size].append(
-                        any(finds(s, fault) for s in suspects) if fault else bool(suspects))
+                    found[z_class][case.name, background, noise, size].append(_hit(fault, suspects))
     return found
+
+
+def _tuning_grid() -> list[tuple[sim.Background, float, float]]:
+    """The tuners' points: ``LIGHT`` background at 5% and 10% noise, and ``HEAVY``, each without a
+    fault and at 10–40% faults."""
+    light = [(LIGHT, noise, size) for noise in (0.05, 0.10) for size in (0.0, *SIZES[1:])]
+    return light + [(HEAVY, HEAVY_NOISE, size) for size in (0.0, *SIZES[1:])]
+
+
+def _hit(fault: sim.Fault | None, suspects: list[Suspect]) -> bool:
+    """Whether a trial's suspects name its fault; without a fault, whether they name anything."""
+    return any(finds(s, fault) for s in suspects) if fault else bool(suspects)
 
 
 def run(quick: bool = False) -> list[dict]:

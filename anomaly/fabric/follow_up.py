@@ -13,10 +13,10 @@ the noise but short of the localizer's threshold. So after the first sweep every
 :data:`DOUBT` of its threshold but not named, and every suspect named with less than
 :data:`CONFIRM` times it, is probed again: the host pairs whose probes may cross it and fell short
 there (below), once more each (on the paths they took before), until none is left in doubt,
-the extra pairs reach :data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done. Probes measured again
-through a class that other traffic or chance slowed pull it back under its threshold; those
-through a fault push it past; the suspects are then named from every probe at the stricter
-:data:`Z_CLASS`. A class every probe of its lengths may cross (both spines of a leaf-spine) is
+the extra pairs reach :data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done.
+Probes measured again through a class that other traffic or chance slowed pull it back under
+its threshold; those through a fault push it past; the suspects are then named from every
+probe at the stricter :data:`Z_CLASS`. A class every probe of its lengths may cross (both spines of a leaf-spine) is
 not followed up: no probe outside it shows what healthy looks like. The rounds keep the pairs
 of a round apart as the first sweep's do (:mod:`dpro.anomaly.fabric.schedule`). Doubt is judged
 at the localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`.
@@ -27,17 +27,18 @@ sensing (Haupt, Castro and Nowak, 2011): a pair keeps its path, so one through a
 stays slow, and about half the pairs a fault is not on are left out each pass (a core link
 10% slow in 5% noise, six trials, the first pass: 94% of the slow pairs in its class kept,
 54% of the rest). One of a fat-tree pod's four links to the cores slows a quarter of its
-class's probes; probed again alike, the other three quarters dilute it as much each pass. The pairs probed again are fresh draws, so other
-tenants' traffic does not follow them; but a class's earlier probes, which chance put in doubt,
-weigh more against fewer new ones, so the bar after follow-ups rose with it.
+class's probes; probed again alike, the other three quarters dilute it as much each pass. The
+pairs probed again are fresh draws, so other tenants' traffic does not follow them; but a
+class's earlier probes, which chance put in doubt, weigh more against fewer new ones, so the
+bar after follow-ups rose with it.
 
 **Settings.** :data:`DOUBT` was tuned on ``benchmarks.health_localization``'s tuning trials
 (``--tune``), when its simulator gave every probe a new path; :data:`SWEEPS` later
 (``--tune-sweeps``), on the paths a job's connections keep; :data:`DISTIL` and :data:`Z_CLASS`
 together (``--tune-distil``: 0.0 and 6.5 of -inf, -0.5, 0.0, 0.5 by 5.5, 6.0, 6.5, the best
 mean recall at 10–40% faults within the false-alarm goals, then judged on the two fabrics'
-trials pooled; -inf and 5.5 before, every pair probed again). :data:`EXTRA` (one more sweep at most: the check's time), :data:`CONFIRM` and
-:data:`PASSES` were set, not tuned.
+trials pooled; -inf and 5.5 before, every pair probed again). :data:`EXTRA` (one more sweep at
+most: the check's time), :data:`CONFIRM` and :data:`PASSES` were set, not tuned.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 
-__all__ = ["CONFIRM", "DISTIL", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "follow_up", "probe_adaptively", "repeated"]
+__all__ = ["CONFIRM", "DISTIL", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "follow_up", "probe_adaptively",
+           "repeated"]
 
 DOUBT = 0.3
 CONFIRM = 2.0

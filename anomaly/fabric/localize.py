@@ -74,10 +74,10 @@ earlier suspect (not its own NIC's other direction) says so (``acks_behind``), f
 that suspect's echo rather than a fault of its own. (Of 12 runs of the routed namespace test
 with ECMP on 2026-11-28, whose probes' noise was 0.35 to 0.84 on a log scale, 2 named first the
 switch ``leaf0`` or the spines' class, ``spine0`` and ``spine1``; the rest of their probes
-weighed 1.1 and 4.5 pooled against a bar of 5.5 (the check's then). Their probes, in ``tests/data/fabric``, now
-name the uplinks; the 12 runs routed by destination name the same with either rule. With the
-typical probe read once per pair, run 7 names the uplinks at once, and run 6's rest, 12 probes,
-pools to 0.95 where the uplinks' fault would have shown 5.17: under the bar, but short of it by
+weighed 1.1 and 4.5 pooled against a bar of 5.5 (the check's then). Their probes, in
+``tests/data/fabric``, now name the uplinks; the 12 runs routed by destination name the same
+with either rule. With the typical probe read once per pair, run 7 names the uplinks at once,
+and run 6's rest, 12 probes, pools to 0.95 where the uplinks' fault would have shown 5.17: under the bar, but short of it by
 more than ``clear``, so the uplinks are named.)
 
 **Cleared suspects.** A suspect named for probes that another suspect's path may also explain
