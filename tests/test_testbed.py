@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from benchmarks.testbed import frozen
@@ -200,3 +201,17 @@ def test_a_stalled_profiled_step_is_left_out_of_the_typical_step(tmp_path):
     assert analysis.graph.steps == [5, 7, 8, 9]
     replay = json.loads(dpro("replay", run, "--json").stdout)
     assert abs(replay["error_pct"]) < 25, replay["error_pct"]  # the stalled step's 40 ms would be +95% alone
+
+
+def test_the_sends_diagnostic_compares_sends_of_a_like_size():
+    from benchmarks.parallel_sends import _median_sends
+
+    coll = np.array(["all_gather"] * 4 + ["all_reduce"] * 3)
+    nbytes = np.array([100.0, 110.0, 120.0, 1000.0, 10.0, 400.0, 410.0])
+    ns = np.array([1.0, 2.0, 3.0, 50.0, 9.0, 7.0, 8.0])
+    found = _median_sends(coll, nbytes, ns, np.full(7, 4))
+    # the 1000-byte gather is more than twice the median (115): left out of the time
+    assert found["all_gather"] == {"bytes": 115.0, "ns": 2.0, "sends": 3, "group": 4}
+    # around another run's size: only the sends near it count, and a collective with none is left out
+    around = _median_sends(coll, nbytes, ns, np.full(7, 4), {"all_gather": 900.0, "all_reduce": 10_000.0})
+    assert around == {"all_gather": {"bytes": 900.0, "ns": 50.0, "sends": 1, "group": 4}}

@@ -1,0 +1,138 @@
+"""Sends between hosts in the parallel benchmark's kept runs: in the job, in the calibration, in the what-ifs.
+
+A diagnostic for :mod:`benchmarks.parallel`'s mesh what-ifs (``--fsdp-mesh``, ``--tp-mesh``), which
+move calls onto groups that cross hosts and time them with the calibration's isolated calls. For the
+runs kept by ``python -m benchmarks.parallel --keep DIR`` it prints:
+
+- each run's median send between hosts of each collective, as the job made it, beside the
+  calibration's time for a send of that size over the call's group;
+- each mesh what-if's sends between hosts, as the what-if times them (per algorithm step), beside
+  the target's own sends of that size in its job.
+
+It measures nothing and scores nothing; it lives apart from the benchmark so that the scored
+model's hash (:data:`benchmarks.testbed.frozen.MODEL_SOURCES`) does not move with it.
+
+    python -m benchmarks.parallel_sends --keep DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.parallel import JOBS, seed_cases
+from dpro.cli.options import table
+
+
+def _median_sends(coll: np.ndarray, nbytes: np.ndarray, ns: np.ndarray, group: np.ndarray,
+                  around: dict[str, float] | None = None) -> dict:
+    """Per collective, its sends within a factor 2 of their median size (or of ``around``'s size
+    for it, where given): that size, their median time and count, and their calls' group size."""
+    out = {}
+    for c in sorted(set(coll)):
+        mine = coll == c
+        median = (around or {}).get(str(c), float(np.median(nbytes[mine])))
+        near = mine & (nbytes > median / 2) & (nbytes < median * 2)
+        if not near.any():
+            continue
+        out[str(c)] = {"bytes": median, "ns": float(np.median(ns[near])), "sends": int(near.sum()),
+                       "group": int(np.median(group[near]))}
+    return out
+
+
+def _sends_between_hosts(analysis) -> dict:
+    """:func:`_median_sends` of the sends of ``analysis``'s calls that span hosts, as recorded."""
+    graph = analysis.graph
+    calls = [(v, len(c.ranks)) for c in graph.collectives.itertuples()
+             if len({graph.hosts.get(r) for r in c.ranks}) > 1 for v in c.sends]
+    nodes = graph.nodes
+    v = np.array([x for x, _ in calls], np.int64)
+    nbytes = nodes["bytes"].to_numpy(np.float64)[v]
+    sized = np.isfinite(nbytes)
+    return _median_sends(nodes["coll"].astype(str).to_numpy()[v][sized], nbytes[sized],
+                         nodes["dur_ns"].to_numpy(np.float64)[v][sized], np.array([n for _, n in calls])[sized])
+
+
+def _what_if_sends_between_hosts(w, like: dict) -> dict:
+    """:func:`_median_sends` of a what-if's sends timed on a model between hosts, around the sizes
+    of ``like`` (another run's :func:`_median_sends`): the bytes of each algorithm step and its time.
+    Reads the what-if's per-send state (a diagnostic: the replayer's API has no such view)."""
+    v = np.array([x for x, key in w._model_of.items() if key[1] == "inter" and w._repeat[x] > 0], np.int64)
+    coll = w.graph.nodes["coll"].astype(str).to_numpy()[v]
+    return _median_sends(coll, w._bytes[v] * w._share[v], w.durations[v] / w._repeat[v],
+                         np.array([like[c]["group"] if c in like else 0 for c in coll]),
+                         {c: t["bytes"] for c, t in like.items()})
+
+
+def sends_against_calibration(root: Path) -> list[dict]:
+    """For each run kept in ``root``, each collective's sends between hosts as the job made them
+    (near the run's median size: their median time) against the calibration's isolated calls of
+    that collective (its per-send model over the call's group, at that size): whether a call in
+    the job runs slower than the calibration times it."""
+    from dpro.analysis import RunAnalysis
+    from dpro.replayer.linkmodel import fit_collectives, per_send
+
+    rows = []
+    for run in sorted(p for p in root.iterdir() if p.is_dir()):
+        analysis = RunAnalysis.open(run)
+        fits = fit_collectives(analysis.calibrations)
+        for coll, s in sorted(_sends_between_hosts(analysis).items()):
+            if coll in fits:
+                calibrated = float(per_send(fits[coll], s["group"]).time_ns(s["bytes"]))
+                rows.append({"run": run.name, "coll": coll, "group": s["group"], "sends": s["sends"],
+                             "median_kb": s["bytes"] / 1e3, "job_ms": s["ns"] / 1e6, "model_ms": calibrated / 1e6,
+                             "ratio": s["ns"] / calibrated})
+    return rows
+
+
+def regrouped_sends(root: Path, jobs: int = JOBS) -> list[dict]:
+    """For each mesh what-if (``fsdp_mesh``, ``tp_mesh``) whose source and target are kept in
+    ``root``: each collective's sends between hosts as the what-if times them (per algorithm step)
+    against the target's own, as its job made them."""
+    from dpro.analysis import RunAnalysis, fsdp, tensor_parallel
+    from dpro.analysis.whatif import CostModel
+
+    seeds = {int(p.name[1:p.name.index("j")]) for p in root.iterdir() if p.is_dir() and p.name.startswith("s")}
+    edit = {"fsdp_mesh": fsdp.mesh, "tp_mesh": tensor_parallel.tp_mesh}
+    rows = []
+    for case in (c for seed in sorted(seeds) for c in seed_cases(seed, jobs)[1]):
+        key = next((k for k in edit if k in case.change), None)
+        if key is None or not (root / case.source).is_dir() or not (root / case.target).is_dir():
+            continue
+        source, target = RunAnalysis.open(root / case.source), RunAnalysis.open(root / case.target)
+        w = CostModel(source).what_if()
+        edit[key](w, source, case.change[key])
+        mine = _sends_between_hosts(target)
+        predicted = _what_if_sends_between_hosts(w, mine)
+        for coll, t in sorted(mine.items()):
+            p = predicted.get(coll)
+            if p is not None:
+                rows.append({"case": f"{case.name} ({case.source})", "coll": coll, "median_kb": t["bytes"] / 1e3,
+                             "sends": t["sends"], "model_sends": p["sends"], "job_ms": t["ns"] / 1e6,
+                             "model_ms": p["ns"] / 1e6, "ratio": t["ns"] / p["ns"]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.parallel_sends", description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, required=True, help="the runs kept by python -m benchmarks.parallel --keep")
+    parser.add_argument("--jobs", type=int, default=JOBS)
+    args = parser.parse_args(argv)
+    print("sends between hosts in the job against the calibration's isolated calls (median send, ms)")
+    print(table([("run", "collective", "group", "sends", "median KB", "in job", "calibrated", "job/calibrated"),
+                 *[(r["run"], r["coll"], str(r["group"]), str(r["sends"]), f"{r['median_kb']:.1f}",
+                    f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
+                   for r in sends_against_calibration(args.keep)]]))
+    print("\nmesh what-ifs: the target's sends between hosts in its job against the what-if's (median step, ms)")
+    print(table([("case", "collective", "median KB", "sends", "what-if's", "target's job", "what-if", "job/what-if"),
+                 *[(r["case"], r["coll"], f"{r['median_kb']:.1f}", str(r["sends"]), str(r["model_sends"]),
+                    f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
+                   for r in regrouped_sends(args.keep, args.jobs)]]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
