@@ -419,7 +419,8 @@ def tune_distil(faults: int = TUNING_FAULTS * 4 // 5) -> tuple[float, float]:
     of its own (the tuned fabrics only; the settings' processes run side by side): the same
     draws until its follow-ups first part from another setting's. Its thresholds judge the
     same probes. Prints each setting's figures. (The committed ``DISTIL`` and ``Z_CLASS`` were
-    chosen when this rule pooled the two fabrics' trials, ``fa47d53``; not rerun since.)"""
+    chosen when this rule pooled the two fabrics' trials, ``fa47d53``; rerun per fabric, it
+    chooses distil 0.5, not yet scored: ``docs/health/README.md``.)"""
     with ProcessPoolExecutor() as pool:
         found = dict(zip(DISTIL_GRID, pool.map(_distilled, DISTIL_GRID, [faults] * len(DISTIL_GRID))))
     chosen, best = None, (False, -1.0)
