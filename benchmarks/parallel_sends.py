@@ -6,8 +6,12 @@ runs kept by ``python -m benchmarks.parallel --keep DIR`` it prints:
 
 - each run's median send between hosts of each collective, as the job made it, beside the
   calibration's time for a send of that size over the call's group;
-- each mesh what-if's sends between hosts, as the what-if times them (per algorithm step), beside
-  the target's own sends of that size in its job.
+- each mesh what-if's sends between hosts after its edit, as the what-if times them before the
+  replay (per algorithm step; before the interference model's factors), beside the target's own
+  sends of that size in its job.
+
+Both compare transfer times (a call's shortest instance over its algorithm's steps); the ranks'
+late finishes, in the calls' *done* nodes, are not compared.
 
 It measures nothing and scores nothing; it lives apart from the benchmark so that the scored
 model's hash (:data:`benchmarks.testbed.frozen.MODEL_SOURCES`) does not move with it.
@@ -18,6 +22,7 @@ model's hash (:data:`benchmarks.testbed.frozen.MODEL_SOURCES`) does not move wit
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -57,10 +62,15 @@ def _sends_between_hosts(analysis) -> dict:
 
 
 def _what_if_sends_between_hosts(w, like: dict) -> dict:
-    """:func:`_median_sends` of a what-if's sends timed on a model between hosts, around the sizes
-    of ``like`` (another run's :func:`_median_sends`): the bytes of each algorithm step and its time.
-    Reads the what-if's per-send state (a diagnostic: the replayer's API has no such view)."""
-    v = np.array([x for x, key in w._model_of.items() if key[1] == "inter" and w._repeat[x] > 0], np.int64)
+    """:func:`_median_sends` of a what-if's sends between hosts after its edit, around the sizes of
+    ``like`` (another run's :func:`_median_sends`): the bytes of each algorithm step and its time
+    before the replay (before the interference model's factors). A send moved to a class it has
+    no model of keeps its recorded model's key, re-timed at the classes' rates (``_class_rate``):
+    its class is then the other one. Reads the what-if's per-send state (a diagnostic: the
+    replayer's API has no such view)."""
+    moved = w._class_rate != 1.0
+    v = np.array([x for x, (_, cls) in w._model_of.items()
+                  if (cls == "inter") != bool(moved[x]) and w._repeat[x] > 0], np.int64)
     coll = w.graph.nodes["coll"].astype(str).to_numpy()[v]
     return _median_sends(coll, w._bytes[v] * w._share[v], w.durations[v] / w._repeat[v],
                          np.array([like[c]["group"] if c in like else 0 for c in coll]),
@@ -95,7 +105,7 @@ def regrouped_sends(root: Path, jobs: int = JOBS) -> list[dict]:
     from dpro.analysis import RunAnalysis, fsdp, tensor_parallel
     from dpro.analysis.whatif import CostModel
 
-    seeds = {int(p.name[1:p.name.index("j")]) for p in root.iterdir() if p.is_dir() and p.name.startswith("s")}
+    seeds = {int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"s(\d+)j\d+-.+", p.name))}
     edit = {"fsdp_mesh": fsdp.mesh, "tp_mesh": tensor_parallel.tp_mesh}
     rows = []
     for case in (c for seed in sorted(seeds) for c in seed_cases(seed, jobs)[1]):
@@ -103,7 +113,7 @@ def regrouped_sends(root: Path, jobs: int = JOBS) -> list[dict]:
         if key is None or not (root / case.source).is_dir() or not (root / case.target).is_dir():
             continue
         source, target = RunAnalysis.open(root / case.source), RunAnalysis.open(root / case.target)
-        w = CostModel(source).what_if()
+        w = CostModel(source, interference=False).what_if()  # its send times before any replay
         edit[key](w, source, case.change[key])
         mine = _sends_between_hosts(target)
         predicted = _what_if_sends_between_hosts(w, mine)
@@ -127,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
                    for r in sends_against_calibration(args.keep)]]))
     print("\nmesh what-ifs: the target's sends between hosts in its job against the what-if's (median step, ms)")
-    print(table([("case", "collective", "median KB", "sends", "what-if's", "target's job", "what-if", "job/what-if"),
+    print(table([("case", "collective", "median KB", "sends", "what-if's nodes", "target's job", "what-if", "job/what-if"),
                  *[(r["case"], r["coll"], f"{r['median_kb']:.1f}", str(r["sends"]), str(r["model_sends"]),
                     f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
                    for r in regrouped_sends(args.keep, args.jobs)]]))
