@@ -49,16 +49,16 @@ def _median_sends(coll: np.ndarray, nbytes: np.ndarray, ns: np.ndarray, group: n
 
 
 def _sends_between_hosts(analysis) -> dict:
-    """:func:`_median_sends` of the sends of ``analysis``'s calls that span hosts, as recorded."""
+    """:func:`_median_sends` of the sends of ``analysis``'s calls that span hosts, as recorded
+    (:func:`dpro.replayer.cost.send_points`, its ``inter`` class)."""
+    from dpro.replayer.cost import send_points
+
     graph = analysis.graph
-    calls = [(v, len(c.ranks)) for c in graph.collectives.itertuples()
-             if len({graph.hosts.get(r) for r in c.ranks}) > 1 for v in c.sends]
-    nodes = graph.nodes
-    v = np.array([x for x, _ in calls], np.int64)
-    nbytes = nodes["bytes"].to_numpy(np.float64)[v]
-    sized = np.isfinite(nbytes)
-    return _median_sends(nodes["coll"].astype(str).to_numpy()[v][sized], nbytes[sized],
-                         nodes["dur_ns"].to_numpy(np.float64)[v][sized], np.array([n for _, n in calls])[sized])
+    group = {int(v): len(c.ranks) for c in graph.collectives.itertuples() for v in c.sends}
+    points = send_points(graph)
+    points = points[points["link_class"] == "inter"]
+    return _median_sends(points["coll"].astype(str).to_numpy(), points["bytes"].to_numpy(),
+                         points["dur_ns"].to_numpy(), np.array([group[int(v)] for v in points["node"]]))
 
 
 def _what_if_sends_between_hosts(w, like: dict) -> dict:
