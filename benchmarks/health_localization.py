@@ -64,10 +64,12 @@ from dpro.anomaly.suspects import Suspect
 from . import fabric_sim as sim
 
 TUNING_SEED = 1
-SCORING_SEED = 8101147
-"""Drawn at 16:09 UTC on 2026-11-28, after the distilled follow-ups and their bar (``fa47d53``,
-tuned on seed 1 by ``--tune-distil``) were committed, and committed before its run; scored once
-(``docs/results/2026-11-28/health-localization-seed8101147.*``). Earlier: 3661627 (the typical
+SCORING_SEED = 9529589
+"""Drawn at 23:59 UTC on 2026-11-28, after ``DISTIL`` 0.5 (chosen on seed 1 by ``--tune-distil``
+judging each fabric's false alarms on its own) was committed, and committed before its run; scored
+once (``docs/results/2026-11-29/health-localization-seed9529589.*``). Earlier: 8101147 (the
+distilled follow-ups at distil 0.0, ``fa47d53``;
+``docs/results/2026-11-28/health-localization-seed8101147.*``), 3661627 (the typical
 healthy probe read from each pair once, ``de2ecb3``, with the clearing's mend ``fadc872``),
 8689391 (the clearing of suspects another explains, ``9944f88``), 4788303 (the narrowest-class
 rule and its review's mends, ``66fb792``, ``68cd864``), 7421226 (drawn for ``66fb792``; its run was stopped before it printed anything,
@@ -418,9 +420,8 @@ def tune_distil(faults: int = TUNING_FAULTS * 4 // 5) -> tuple[float, float]:
     alarms under ``LIGHT``. Each ``distil`` draws its trials of ``TUNING_SEED`` from a generator
     of its own (the tuned fabrics only; the settings' processes run side by side): the same
     draws until its follow-ups first part from another setting's. Its thresholds judge the
-    same probes. Prints each setting's figures. (The committed ``DISTIL`` and ``Z_CLASS`` were
-    chosen when this rule pooled the two fabrics' trials, ``fa47d53``; rerun per fabric, it
-    chooses distil 0.5, not yet scored: ``docs/health/README.md``.)"""
+    same probes. Prints each setting's figures. (Rerun per fabric, it chose the committed
+    distil 0.5 with bar 6.5; pooling the fabrics, it had chosen 0.0, ``fa47d53``.)"""
     with ProcessPoolExecutor() as pool:
         found = dict(zip(DISTIL_GRID, pool.map(_distilled, DISTIL_GRID, [faults] * len(DISTIL_GRID))))
     chosen, best = None, (False, -1.0)
