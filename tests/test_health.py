@@ -386,9 +386,11 @@ def nights(tmp_path_factory) -> list[tuple[list[subprocess.CompletedProcess], di
     if reason:
         pytest.skip(reason)
     folder = tmp_path_factory.mktemp("nights")
-    # Loopback probes between namespaces on this shared 2-core machine vary by 15% from night to
-    # night, so this cluster's operator sets its thresholds above that; the throttle costs 90%.
-    (folder / "health.yaml").write_text("collectives: {sizes_mb: [1, 4]}\nrules: {degraded_pct: 30, failed_pct: 60}\n")
+    # Loopback probes between namespaces on a shared 2-core machine vary by 15% from night to
+    # night here, and one probe fell to half its rate in CI (2026-11-28); a healthy host's median
+    # over its two unsuspected peers then drops 25%. This cluster's operator sets its thresholds
+    # above that; the throttle costs 98%.
+    (folder / "health.yaml").write_text("collectives: {sizes_mb: [1, 4]}\nrules: {degraded_pct: 40, failed_pct: 60}\n")
     program = [Path(sys.executable).parent / "dpro", "health", "--db", f"sqlite:///{folder}/health.db",
                "--config", folder / "health.yaml"]
     results = []

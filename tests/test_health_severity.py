@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.fabric.probes import Probes, to_matrix
 from dpro.anomaly.health.config import HealthConfig, Rules
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric, Node
 from dpro.anomaly.health.network import judge_network
@@ -29,13 +29,13 @@ def _report(hosts: list[str], reduce_gbps: float) -> HealthReport:
                         facts={"world_size": len(hosts), "backend": "gloo"})
 
 
-def _probes(slow_host: int, factor: float) -> Probes:
-    """Every ordered pair of :data:`HOSTS` at about 12 Gb/s (2% of noise), ``slow_host``'s
+def _probes(slow_host: int, factor: float, noise: float = 0.02) -> Probes:
+    """Every ordered pair of :data:`HOSTS` at about 12 Gb/s (``noise``: the spread), ``slow_host``'s
     probes both ways at ``factor`` of that."""
     rng = np.random.default_rng(7)
     pairs = [(s, d) for s in range(len(HOSTS)) for d in range(len(HOSTS)) if s != d] * 3
     src, dst = (np.array(x) for x in zip(*pairs))
-    value = 12.0 * rng.normal(1.0, 0.02, len(pairs)) * np.where((src == slow_host) | (dst == slow_host), factor, 1.0)
+    value = 12.0 * rng.normal(1.0, noise, len(pairs)) * np.where((src == slow_host) | (dst == slow_host), factor, 1.0)
     return Probes(HOSTS, src, dst, np.repeat(np.arange(3), len(pairs) // 3), value)
 
 
@@ -87,3 +87,23 @@ def test_the_page_leads_with_the_verdict_and_the_top_suspect() -> None:
     assert page.index("Top suspect") < page.index("<h2>Suspects") < page.index("<h2>Checks (failing first)")
     checks = page[page.index("<h2>Checks (failing first)"):]
     assert checks.index("<td>h2</td><td>pairwise</td><td><span class='fail'>FAIL") < checks.index("no baseline")
+
+
+def test_a_failed_hosts_probes_are_left_out_of_its_peers_rates() -> None:
+    """CI, 2026-11-28: beside a host throttled to 2%, h1's probes to h3 at half the rate made
+    both a 51% regression: their medians over three peers fell to those probes."""
+    probes = _probes(2, 0.02, noise=0.2)  # loopback between namespaces on a busy machine
+    probes.value[(probes.src == 1) & (probes.dst == 3)] *= 0.5
+    report = _report(HOSTS, 5.0)
+    report.suspects = judge_network(report, probes, None, rules=Rules())
+    assert [s.name for s in report.suspects] == ["h2"]
+    history = {"pairwise/send_gbps": [12.0] * 3, "pairwise/recv_gbps": [12.0] * 3}
+    apply_rules(report, HealthConfig(rules=Rules(degraded_pct=40, failed_pct=60)),
+                lambda host, key: history.get(key, []))
+    rates = {h: next(c for c in report.node(h).checks if c.name == "pairwise") for h in HOSTS}
+    assert rates["h1"].evidence["peers_left_out"] == ["h2"] and "peers_left_out" not in rates["h2"].evidence
+    matrix = to_matrix(probes)
+    assert rates["h1"].metrics[0].value == pytest.approx((matrix[1, 0] + matrix[1, 3]) / 2)  # not matrix[1, 3]
+    assert matrix[1, 3] < 0.6 * 12 < rates["h1"].metrics[0].value
+    assert [h for h in HOSTS if report.node(h).verdict != "healthy"] == ["h2"]
+    assert report.node("h2").verdict == "failed" and rates["h2"].metrics[0].value < 1.0

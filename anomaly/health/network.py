@@ -5,7 +5,11 @@ direction at a time (:mod:`dpro.anomaly.fabric.localize`: any equal-cost path, t
 see ECMP's choice), at the pooled threshold of the probes followed up
 (:data:`dpro.anomaly.fabric.follow_up.Z_CLASS`). A suspect's severity follows its measured drop
 (its probes' shortfall against the others', :func:`drop_pct`) by the thresholds of the history's
-rules: ``failed_pct`` or more fails its check, less degrades it."""
+rules: ``failed_pct`` or more fails its check, less degrades it.
+
+A host's rates leave out its probes with the hosts (and NICs' hosts) the matrix suspects: with
+them, a slow host drags down each peer's median, on four hosts to the lower of its two other
+probes, and one slow probe between healthy hosts then reads as their regression."""
 
 from __future__ import annotations
 
@@ -29,15 +33,19 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
     """Add each host's ``pairwise`` check and the fabric's suspects to ``report``, each judged
     by its drop (module docstring); the suspects, most likely first (``routing``: the fabric's
     known routes, if any)."""
+    suspects = localize(topology, probes, z_class=follow_up.Z_CLASS, routing=routing)  # the check follows up
+    suspected = {s.host for s in suspects if s.kind in ("host", "nic")}
     pairwise: dict[str, Check] = {}
     matrix = to_matrix(probes)  # a direction the check followed up counts once (its median)
     for i, host in enumerate(probes.hosts):
-        sent, received = matrix[i][~np.isnan(matrix[i])], matrix[:, i][~np.isnan(matrix[:, i])]
+        sent, received, left_out = _with_peers(matrix, i, [j for j, h in enumerate(probes.hosts) if h in suspected])
+        evidence = {"probes": int(len(sent) + len(received))}
+        if left_out:
+            evidence["peers_left_out"] = [probes.hosts[j] for j in left_out]
         pairwise[host] = Check("pairwise", metrics=[
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
-            Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence={"probes": int(len(sent) + len(received))})
+            Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence=evidence)
         report.node(host).checks.append(pairwise[host])
-    suspects = localize(topology, probes, z_class=follow_up.Z_CLASS, routing=routing)  # the check follows up
     fabric = Check("fabric")
     for suspect in suspects:
         check = pairwise[suspect.host] if suspect.kind in ("host", "nic") and suspect.host in pairwise else fabric
@@ -56,6 +64,18 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
             fabric.message = "no link or switch stands out"
         report.node(JOB).checks.append(fabric)
     return suspects
+
+
+def _with_peers(matrix: np.ndarray, i: int, suspected: list[int]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Host ``i``'s probes sent and received, leaving out its peers among ``suspected`` where
+    probes with others remain both ways; the peers left out."""
+    others = [j for j in range(len(matrix)) if j != i]
+    for peers in ([j for j in others if j not in suspected], others):
+        sent, received = matrix[i, peers], matrix[peers, i]
+        sent, received = sent[~np.isnan(sent)], received[~np.isnan(received)]
+        if len(sent) and len(received):
+            break
+    return sent, received, [j for j in others if j not in peers]
 
 
 def drop_pct(suspect: Suspect) -> float | None:
