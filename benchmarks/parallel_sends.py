@@ -10,7 +10,7 @@ runs kept by ``python -m benchmarks.parallel --keep DIR`` it prints:
   replay (per algorithm step; before the interference model's factors), beside the target's own
   sends of that size in its job;
 - each mesh what-if's error as scored, and replayed again with those sends at the target's times
-  (:func:`lengthened`: a bound on what the sends explain, read from the target).
+  (:func:`lengthened`: an estimate of what the sends explain, read from the target).
 
 Both compare transfer times (a call's shortest instance over its algorithm's steps); the ranks'
 late finishes, in the calls' *done* nodes, are not compared.
@@ -24,14 +24,20 @@ model's hash (:data:`benchmarks.testbed.frozen.MODEL_SOURCES`) does not move wit
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from benchmarks.parallel import JOBS, seed_cases
 from dpro.cli.options import table
+
+if TYPE_CHECKING:
+    from dpro.analysis.whatif import CostModel
+    from dpro.replayer.graph_edits import WhatIf
 
 
 def _median_sends(coll: np.ndarray, nbytes: np.ndarray, ns: np.ndarray, group: np.ndarray,
@@ -63,7 +69,7 @@ def _sends_between_hosts(analysis) -> dict:
                          points["dur_ns"].to_numpy(), np.array([group[int(v)] for v in points["node"]]))
 
 
-def _between_hosts(w) -> np.ndarray:
+def _between_hosts(w: WhatIf) -> np.ndarray:
     """A what-if's sends between hosts after its edit (those still sent). A send moved to a class
     it has no model of keeps its recorded model's key, re-timed at the classes' rates
     (``_class_rate``): its class is then the other one. Reads the what-if's per-send state (a
@@ -73,7 +79,7 @@ def _between_hosts(w) -> np.ndarray:
                      if (cls == "inter") != bool(moved[x]) and w._repeat[x] > 0], np.int64)
 
 
-def _what_if_sends_between_hosts(w, like: dict) -> dict:
+def _what_if_sends_between_hosts(w: WhatIf, like: dict) -> dict:
     """:func:`_median_sends` of a what-if's sends between hosts after its edit (:func:`_between_hosts`),
     around the sizes of ``like`` (another run's :func:`_median_sends`): the bytes of each algorithm
     step and its time before the replay (before the interference model's factors)."""
@@ -105,23 +111,33 @@ def sends_against_calibration(root: Path) -> list[dict]:
     return rows
 
 
+def _mesh_cases(root: Path, jobs: int) -> list[tuple]:
+    """The mesh what-ifs (``fsdp_mesh``, ``tp_mesh`` alone) of the seeds kept in ``root`` whose
+    source and target are both kept, each with its edit (``edit(what_if, source)``)."""
+    from dpro.analysis import fsdp, tensor_parallel
+
+    edits = {"fsdp_mesh": fsdp.mesh, "tp_mesh": tensor_parallel.tp_mesh}
+    seeds = {int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"s(\d+)j\d+-.+", p.name))}
+    found = []
+    for case in (c for seed in sorted(seeds) for c in seed_cases(seed, jobs)[1]):
+        key = next(iter(case.change)) if len(case.change) == 1 else None
+        if key in edits and (root / case.source).is_dir() and (root / case.target).is_dir():
+            found.append((case, lambda w, source, e=edits[key], v=case.change[key]: e(w, source, v)))
+    return found
+
+
 def regrouped_sends(root: Path, jobs: int = JOBS) -> list[dict]:
     """For each mesh what-if (``fsdp_mesh``, ``tp_mesh``) whose source and target are kept in
     ``root``: each collective's sends between hosts as the what-if times them (per algorithm step)
     against the target's own, as its job made them."""
-    from dpro.analysis import RunAnalysis, fsdp, tensor_parallel
+    from dpro.analysis import RunAnalysis
     from dpro.analysis.whatif import CostModel
 
-    seeds = {int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"s(\d+)j\d+-.+", p.name))}
-    edit = {"fsdp_mesh": fsdp.mesh, "tp_mesh": tensor_parallel.tp_mesh}
     rows = []
-    for case in (c for seed in sorted(seeds) for c in seed_cases(seed, jobs)[1]):
-        key = next((k for k in edit if k in case.change), None)
-        if key is None or not (root / case.source).is_dir() or not (root / case.target).is_dir():
-            continue
+    for case, edit in _mesh_cases(root, jobs):
         source, target = RunAnalysis.open(root / case.source), RunAnalysis.open(root / case.target)
         w = CostModel(source, interference=False).what_if()  # its send times before any replay
-        edit[key](w, source, case.change[key])
+        edit(w, source)
         mine = _sends_between_hosts(target)
         predicted = _what_if_sends_between_hosts(w, mine)
         for coll, t in sorted(mine.items()):
@@ -133,58 +149,60 @@ def regrouped_sends(root: Path, jobs: int = JOBS) -> list[dict]:
     return rows
 
 
-def lengthened(root: Path, jobs: int = JOBS) -> list[dict]:
-    """For each mesh what-if kept in ``root``: its prediction as the benchmark scores it (anchored on
-    the source's measured median, ``measured.json``), and replayed again with its sends between
-    hosts lengthened by :func:`regrouped_sends`'s ratio of its collective (the target's sends in
-    its job over the what-if's). The ratio is read from the target, so the second is no
-    prediction: it bounds how much of the miss the sends' times explain."""
-    import json
-
-    from dpro.analysis import RunAnalysis, fsdp, tensor_parallel
+def lengthened(root: Path, regrouped: list[dict], jobs: int = JOBS) -> list[dict]:
+    """For each mesh what-if kept in ``root``: its error as the benchmark scores it (anchored on the
+    source's measured median, ``measured.json``), and replayed again with its sends between hosts
+    lengthened by the ratio ``regrouped`` (:func:`regrouped_sends`) gives its collective: the
+    target's sends over the what-if's, near their median size. The ratio is read from the target,
+    and compares times before the interference model's factors, which the replay then applies
+    again: an estimate of how much of the miss the sends explain, not a prediction."""
+    from dpro.analysis import RunAnalysis
     from dpro.analysis.whatif import Change, CostModel
-    from dpro.stats import job_mean, timed_ranks
 
     median = {k: float(np.median(v)) for k, v in json.loads((root / "measured.json").read_text()).items()}
     ratios: dict[str, dict[str, float]] = {}
-    for r in regrouped_sends(root, jobs):
+    for r in regrouped:
         ratios.setdefault(r["case"], {})[r["coll"]] = r["ratio"]
-    edit = {"fsdp_mesh": fsdp.mesh, "tp_mesh": tensor_parallel.tp_mesh}
-    seeds = {int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"s(\d+)j\d+-.+", p.name))}
     rows = []
-    for case in (c for seed in sorted(seeds) for c in seed_cases(seed, jobs)[1]):
+    for case, edit in _mesh_cases(root, jobs):
         name = f"{case.name} ({case.source})"
-        key = next((k for k in edit if k in case.change), None)
-        if key is None or set(case.change) != {key} or name not in ratios:
+        if name not in ratios:
             continue
         source = RunAnalysis.open(root / case.source)
         model = CostModel(source)
         scored = model.predict(Change(**case.change)).summary
-        baseline = source.unprofiled_step_ns
-        anchored = []
-        for lengthen in (False, True):
-            w = model.what_if()
-            edit[key](w, source, case.change[key])
-            if lengthen:
-                v = _between_hosts(w)
-                coll = w.graph.nodes["coll"].astype(str).to_numpy()[v]
-                w.durations[v] *= np.array([ratios[name].get(c, 1.0) for c in coll])
-                w._retime_ends()
-            changed = w.replay().step_ns
-            ranks = sorted(changed)
-            per_rank = {r: baseline[r] * changed[r] / model.replayed_ns[r] for r in ranks}
-            anchored.append(job_mean(per_rank, timed_ranks(baseline, ranks)) / job_mean(baseline, timed_ranks(baseline, ranks)))
-        truth = median[case.target]
-        rows.append({"case": name, "ratios": ratios[name], "measured_ms": truth,
-                     "scored_pct": 100 * (median[case.source] * scored["predicted_step_ms"] / scored["baseline_step_ms"] / truth - 1),
-                     "replicated_pct": 100 * (median[case.source] * anchored[0] / truth - 1),
-                     "lengthened_pct": 100 * (median[case.source] * anchored[1] / truth - 1)})
+        change = [_replayed_ratio(model, edit, lengthen) for lengthen in ({}, ratios[name])]
+        error = [100 * (median[case.source] * c / median[case.target] - 1) for c in change]
+        rows.append({"case": name, "ratios": ratios[name], "measured_ms": median[case.target],
+                     "scored_pct": 100 * (median[case.source] * scored["predicted_step_ms"]
+                                          / scored["baseline_step_ms"] / median[case.target] - 1),
+                     "replicated_pct": error[0], "lengthened_pct": error[1]})
     return rows
+
+
+def _replayed_ratio(model: CostModel, edit, lengthen: dict[str, float]) -> float:
+    """The step under ``edit`` over the recorded one, anchored per rank on its unprofiled steps as
+    :func:`dpro.analysis.whatif.predict` anchors it, with the sends between hosts of each collective
+    in ``lengthen`` that many times as long."""
+    from dpro.stats import job_mean, timed_ranks
+
+    w = model.what_if()
+    edit(w, model.analysis)
+    if lengthen:
+        v = _between_hosts(w)
+        coll = w.graph.nodes["coll"].astype(str).to_numpy()[v]
+        w.durations[v] *= np.array([lengthen.get(c, 1.0) for c in coll])
+        w._retime_ends()  # the calls' done nodes follow their sends (shortened, never lengthened)
+    changed, baseline = w.replay().step_ns, model.analysis.unprofiled_step_ns
+    ranks = timed_ranks(baseline, sorted(changed))
+    anchored = {r: baseline[r] * changed[r] / model.replayed_ns[r] for r in sorted(changed)}
+    return job_mean(anchored, ranks) / job_mean(baseline, ranks)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.parallel_sends", description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", type=Path, required=True, help="the runs kept by python -m benchmarks.parallel --keep")
+    parser.add_argument("--keep", type=Path, required=True,
+                        help="the runs kept by python -m benchmarks.parallel --keep")
     parser.add_argument("--jobs", type=int, default=JOBS)
     args = parser.parse_args(argv)
     print("sends between hosts in the job against the calibration's isolated calls (median send, ms)")
@@ -192,17 +210,19 @@ def main(argv: list[str] | None = None) -> int:
                  *[(r["run"], r["coll"], str(r["group"]), str(r["sends"]), f"{r['median_kb']:.1f}",
                     f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
                    for r in sends_against_calibration(args.keep)]]))
+    regrouped = regrouped_sends(args.keep, args.jobs)
     print("\nmesh what-ifs: the target's sends between hosts in its job against the what-if's (median step, ms)")
-    print(table([("case", "collective", "median KB", "sends", "what-if's nodes", "target's job", "what-if", "job/what-if"),
+    print(table([("case", "collective", "median KB", "sends", "what-if's nodes", "target's job", "what-if",
+                  "job/what-if"),
                  *[(r["case"], r["coll"], f"{r['median_kb']:.1f}", str(r["sends"]), str(r["model_sends"]),
                     f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
-                   for r in regrouped_sends(args.keep, args.jobs)]]))
-    print("\nmesh what-ifs replayed with their sends between hosts at the target's times (error against "
-          "the target's median, %; read from the target: no prediction)")
+                   for r in regrouped]]))
+    print("\nmesh what-ifs replayed with their sends between hosts at the target's times "
+          "(error against the target's median, %; read from the target: an estimate, no prediction)")
     print(table([("case", "job/what-if by collective", "target ms", "as scored", "replayed here", "sends lengthened"),
                  *[(r["case"], ", ".join(f"{c} {x:.2f}" for c, x in sorted(r["ratios"].items())),
                     f"{r['measured_ms']:.1f}", f"{r['scored_pct']:+.1f}", f"{r['replicated_pct']:+.1f}",
-                    f"{r['lengthened_pct']:+.1f}") for r in lengthened(args.keep, args.jobs)]]))
+                    f"{r['lengthened_pct']:+.1f}") for r in lengthened(args.keep, regrouped, args.jobs)]]))
     return 0
 
 

@@ -28,9 +28,9 @@ def test_drawn_jobs_are_reproducible_and_varied():
 def test_custom_op_job_records_with_the_op_on_the_critical_path(tmp_path):
     spec = draw_job(5)
     run = tmp_path / "run"
-    # DDP's default buckets: all but its first 1 MB all-reduced after the whole backward, so every
-    # layer's backward lies on the path however slow the all-reduces run (under 1 MB buckets, in
-    # CI on 2026-11-28, one all-reduce outlasted the next layer's backward and the path ran through it)
+    # DDP's default buckets: only the first (about 1 MiB) is all-reduced during the backward, so a
+    # layer's backward leaves the path only if that one call outlasts the rest of the backward
+    # (under 1 MB buckets, in CI on 2026-11-28, one all-reduce outlasted the next layer's backward)
     result = dpro("record", "-o", run, "--skip", "3", "--warmup", "1", "--steps", "2", "--", *TORCHRUN,
                   "--nproc-per-node=2", JOB, "--spec", spec.to_json(), "--steps", "9")
     assert result.returncode == 0, result.stderr

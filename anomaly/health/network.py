@@ -9,9 +9,12 @@ rules: ``failed_pct`` or more fails its check, less degrades it.
 
 A host's rates leave out its probes with the hosts (and NICs' hosts) the matrix suspects: with
 them, a slow host drags down each peer's median, on four hosts to the lower of its two other
-probes, and one slow probe between healthy hosts then reads as their regression."""
+probes. Left out, the median of those two is their mean: one slow probe between healthy hosts
+still moves both hosts' rates, by half its own drop, which the rules' thresholds must allow."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -34,12 +37,13 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
     by its drop (module docstring); the suspects, most likely first (``routing``: the fabric's
     known routes, if any)."""
     suspects = localize(topology, probes, z_class=follow_up.Z_CLASS, routing=routing)  # the check follows up
-    suspected = {s.host for s in suspects if s.kind in ("host", "nic")}
+    hosts = {s.host for s in suspects if s.kind in ("host", "nic")}
+    suspected = [j for j, h in enumerate(probes.hosts) if h in hosts]
     pairwise: dict[str, Check] = {}
     matrix = to_matrix(probes)  # a direction the check followed up counts once (its median)
     for i, host in enumerate(probes.hosts):
-        sent, received, left_out = _with_peers(matrix, i, [j for j, h in enumerate(probes.hosts) if h in suspected])
-        evidence = {"probes": int(len(sent) + len(received))}
+        sent, received, left_out = _with_peers(matrix, i, suspected)
+        evidence: dict[str, Any] = {"probes": int(len(sent) + len(received))}
         if left_out:
             evidence["peers_left_out"] = [probes.hosts[j] for j in left_out]
         pairwise[host] = Check("pairwise", metrics=[
