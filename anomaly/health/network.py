@@ -73,13 +73,15 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
 def _with_peers(matrix: np.ndarray, i: int, suspected: list[int]) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Host ``i``'s probes sent and received, leaving out its peers among ``suspected`` where
     probes with others remain both ways; the peers left out."""
-    others = [j for j in range(len(matrix)) if j != i]
-    for peers in ([j for j in others if j not in suspected], others):
+    others = np.arange(len(matrix)) != i
+    unsuspected = others.copy()
+    unsuspected[suspected] = False
+    for peers in (unsuspected, others):
         sent, received = matrix[i, peers], matrix[peers, i]
         sent, received = sent[~np.isnan(sent)], received[~np.isnan(received)]
         if len(sent) and len(received):
             break
-    return sent, received, [j for j in others if j not in peers]
+    return sent, received, np.flatnonzero(others & ~peers).tolist()
 
 
 def drop_pct(suspect: Suspect) -> float | None:
