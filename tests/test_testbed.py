@@ -43,11 +43,9 @@ def test_custom_op_job_records_with_the_op_on_the_critical_path(tmp_path):
     # the op holds its thread for the time the spec sets: each profiled step's forward ops
     from dpro.analysis import RunAnalysis
     events = RunAnalysis.open(run).tables(0).events
-    held = events[events["name"] == "dpro_testbed::hold"].groupby("step")["dur_ns"]
-    assert (held.count() == len(spec.layers)).all() and len(held) == 2
-    expected_ns = 1e3 * sum(l.forward_fixed_us + l.forward_per_sample_us * spec.batch for l in spec.layers)
-    # a sleep overshoots a little, more under load (CI saw +11%); it never ends early
-    assert ((held.sum() >= 0.95 * expected_ns) & (held.sum() <= 1.3 * expected_ns)).all(), (held.sum(), expected_ns)
+    ratios = _held_over_spec(events, spec, ways=1)
+    assert ratios.shape == (2, len(spec.layers))
+    _assert_held_as_set(ratios)
 
 
 def test_the_tensor_parallel_form_holds_each_layer_split_over_its_group(tmp_path):
@@ -61,14 +59,30 @@ def test_the_tensor_parallel_form_holds_each_layer_split_over_its_group(tmp_path
     analysis = RunAnalysis.open(run)
     assert analysis.parallelism.mesh["shape"] == [1, 2] and analysis.parallelism.tensor_parallel
     events = analysis.tables(0).events
-    held = events[events["name"] == "dpro_testbed::hold"].groupby("step")["dur_ns"]
-    half_ns = 1e3 * sum(l.forward_fixed_us + l.forward_per_sample_us * spec.batch for l in spec.layers) / 2
-    assert (held.count() == len(spec.layers)).all()
-    # half the layer's time each (a sleep overshoots a little, more under load; the whole would be twice)
-    assert ((held.sum() >= 0.95 * half_ns) & (held.sum() <= 1.3 * half_ns)).all(), (held.sum(), half_ns)
+    # half the layer's time each: the whole would hold every op at least twice as long
+    ratios = _held_over_spec(events, spec, ways=2)
+    assert ratios.shape[1] == len(spec.layers)
+    _assert_held_as_set(ratios)
     # one all-reduce of each layer's output, one of each layer's input gradient but the first's
     calls = analysis.graph.collectives
     assert len(calls) == 2 * len(spec.layers) - 1 and set(calls["coll"]) == {"all_reduce"}
+
+
+def _held_over_spec(events, spec, ways: int) -> np.ndarray:
+    """Each profiled step's forward ``hold`` ops (rows: steps, columns: layers in order) over the
+    time the spec sets each, split ``ways`` ways."""
+    held = events[events["name"] == "dpro_testbed::hold"].sort_values("start_ns")
+    spec_ns = np.array([1e3 * (l.forward_fixed_us + l.forward_per_sample_us * spec.batch) / ways
+                        for l in spec.layers])
+    return np.stack([g["dur_ns"].to_numpy(np.float64) / spec_ns for _, g in held.groupby("step")])
+
+
+def _assert_held_as_set(ratios: np.ndarray) -> None:
+    """A sleep never ends early, and overshoots only when the thread waits for a core: a little
+    here, up to 2.7x a step in a loaded CI (2026-11-29), so the quickest quarter of the ops shows
+    the time the spec sets."""
+    assert ratios.min() >= 0.95, ratios
+    assert np.quantile(ratios, 0.25) <= 1.3, ratios
 
 
 class _Counting:
