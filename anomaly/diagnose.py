@@ -25,8 +25,8 @@ def diagnose(run: RunAnalysis | None = None, probe_matrix: Any = None, topology:
     ``run``: the run model of a recorded run (:class:`dpro.analysis.RunAnalysis`): compute
     stragglers and slow transfers from the collectives matched across its traces, ranks with
     slow steps from its step times, hosts whose share of the job's own TCP traffic was slow
-    (:mod:`dpro.anomaly.run.traffic_matrix`), devices whose fault counters went up and GPUs that
-    throttled (:mod:`dpro.anomaly.run.nodes`). ``probe_matrix``: pairwise probes
+    (:mod:`dpro.anomaly.run.traffic_matrix`), devices whose fault counters went up, GPUs that
+    throttled and hosts whose hypervisor took their CPUs (:mod:`dpro.anomaly.run.nodes`). ``probe_matrix``: pairwise probes
     (:class:`dpro.anomaly.fabric.probes.Probes`, an ``n × n`` bandwidth matrix whose hosts are
     the topology's, or a file for :func:`dpro.anomaly.fabric.probes.read_probes`).
     ``topology``: a graph or a file for :func:`dpro.anomaly.fabric.topology.read_topology`;
@@ -46,6 +46,7 @@ def diagnose(run: RunAnalysis | None = None, probe_matrix: Any = None, topology:
         suspects += connection_suspects(run.run)
         suspects += nodes.counter_faults(run.run)
         suspects += nodes.throttled_gpus(nodes.gpu_samples(run.run))
+        suspects += nodes.stolen_cpu(run.run)
     if topology is not None and not isinstance(topology, nx.Graph):
         topology = read_topology(topology)
     if probe_matrix is not None:

@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.testbed import frozen
-from benchmarks.testbed.protocol import Config, LocalJob, Testbed, interleaved, spread_pct
+from benchmarks.testbed.protocol import STEAL_MAX, Config, LocalJob, Testbed, interleaved, spread_pct
 from benchmarks.testbed.spec import draw_job
 from dpro.cli.options import table
 
@@ -146,7 +146,7 @@ def run_seed(testbed: Testbed, seed: int, jobs: int, root: Path, repeats: int = 
     sources = sorted({c.source for c in cases} | {c.target for c in cases if c.memory}
                      | {c.change["microbatch_run"] for c in cases if "microbatch_run" in c.change})
     measured = interleaved(testbed, configs, repeats, seed, record_into=root, sources=sources)
-    return score(seed, root, measured, cases)
+    return {**score(seed, root, measured, cases), "steal": {n: testbed.steal.get(n, []) for n in measured}}
 
 
 def seed_cases(seed: int, jobs: int) -> tuple[list[Config], list[Case]]:
@@ -179,6 +179,7 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
                         # unprofiled steps (the profiler's cost, and a short window's draw), and the
                         # replay against the window it was built from
                         "run_against_median_pct": 100 * (own["unprofiled"] / median[name] - 1),
+                        "recording_steal": recording_steal(analysis),
                         "window_against_run_pct": 100 * (own["profiled"] / own["unprofiled"] - 1),
                         "against_window_pct": 100 * (predicted / own["profiled"] - 1)})
     for case in cases:
@@ -213,6 +214,21 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
                 scored[-1]["memory_rank_spread_pct"] = 100 * (max(peaks) / min(peaks) - 1)
     return {"seed": seed, "noise": {n: spread_pct(m) for n, m in measured.items()}, "measured": measured,
             "replays": replays, "cases": scored}
+
+
+def recording_steal(analysis) -> float | None:
+    """The share of the CPU time wanted during the recording that the hypervisor took (its nodes'
+    median; None for runs without CPU time, format 1.4 and older)."""
+    from dpro.collectors.counters.procstat import steal_share
+
+    shares = [steal_share(start.get("cpu_times", {}), end.get("cpu_times", {}))
+              for _, start, end in analysis.run.counter_snapshots()]
+    shares = [s for s in shares if s is not None]
+    return float(np.median(shares)) if shares else None
+
+
+def _pct(share: float | None) -> str:
+    return "" if share is None else f"{100 * share:.0f}"
 
 
 def own_steps_ms(analysis) -> dict[str, float]:
@@ -320,17 +336,20 @@ def summary(result: dict, label: str) -> list[dict]:
 
 
 def print_seed(result: dict) -> None:
-    print(f"\nseed {result['seed']}: noise (spread of each configuration's medians)")
-    print(table([("configuration", "medians ms", "spread %")] + [
-        (n, " ".join(f"{x:.1f}" for x in result["measured"][n]), f"{s:.1f}") for n, s in result["noise"].items()]))
+    print(f"\nseed {result['seed']}: noise (spread of each configuration's medians; the share of the CPU time "
+          f"wanted that the hypervisor took during each run, where measured)")
+    steal = result.get("steal", {})
+    print(table([("configuration", "medians ms", "spread %", "CPU stolen %")] + [
+        (n, " ".join(f"{x:.1f}" for x in result["measured"][n]), f"{s:.1f}", " ".join(map(_pct, steal.get(n, []))))
+        for n, s in result["noise"].items()]))
     print("\nreplay as recorded (not anchored) against the measured median")
     print("(the error's factors: the recording's own unprofiled steps against the median, which the replay "
           "cannot know;\nits profiled window against them; the replay against that window, which it was built from)")
     print(table([("source", "form", "measured ms", "replayed ms", "error %", "run vs median %", "window vs run %",
-                  "replay vs window %")] + [
+                  "replay vs window %", "CPU stolen %")] + [
         (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}",
-         *(f"{r[k]:+.1f}" for k in ("run_against_median_pct", "window_against_run_pct", "against_window_pct")))
-        for r in result["replays"]]))
+         *(f"{r[k]:+.1f}" for k in ("run_against_median_pct", "window_against_run_pct", "against_window_pct")),
+         _pct(r.get("recording_steal"))) for r in result["replays"]]))
     print("\nwhat-ifs (range: what one recording without probe steps allows, where the ops' fixed cost decides)")
     print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %",
                   "range ms")] + [
@@ -380,6 +399,9 @@ def run_testbed(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[
         print_seed(result)
         if testbed.retried:
             print(f"\nruns repeated after a failed start: {', '.join(testbed.retried)}")
+        if testbed.stolen:
+            print(f"\nruns repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
+                  f"{', '.join(map(str, testbed.stolen))}")
     now = frozen.model_version()
     print(f"\nmodel: commit {commit}{' with uncommitted changes' if dirty else ''}, "
           f"hash {model}; seed {seed} ({label})"

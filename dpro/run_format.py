@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMAT_NAME = "dpro-run"
-FORMAT_VERSION = "1.4"
+FORMAT_VERSION = "1.5"
 MANIFEST = "run.json"
 STEPS_COLUMNS = ("step", "start_ns", "end_ns", "phase")
 DPRO_PHASES = ("warmup", "shapes", "probe", "export")

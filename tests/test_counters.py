@@ -17,11 +17,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from dpro.collectors.counters import catalog, ethtool, snapshot, sysfs
+from dpro.collectors.counters import catalog, ethtool, procstat, snapshot, sysfs
 from dpro.collectors.counters.snapshot import CounterKey, diff, take_snapshot
 from dpro.collectors.counters.wrap import delta, effective_width
 
@@ -33,8 +34,8 @@ ETHTOOL_MLX5 = FIXTURES / "ethtool" / "mlx5.txt"
 
 
 def fixture_diff(elapsed_s: float = 10.0) -> snapshot.CounterDiff:
-    before = take_snapshot(BEFORE, gpu=False)
-    after = take_snapshot(AFTER, gpu=False)
+    before = take_snapshot(BEFORE, gpu=False, cpu=False)
+    after = take_snapshot(AFTER, gpu=False, cpu=False)
     return diff(before, dataclasses.replace(after, monotonic_ns=before.monotonic_ns + int(elapsed_s * 1e9)))
 
 
@@ -53,7 +54,7 @@ def test_sysfs_root_is_a_filesystem_root_or_a_sysfs_tree(tmp_path: Path, monkeyp
 
 
 def test_snapshot_of_a_recorded_mlx5_tree() -> None:
-    snap = take_snapshot(BEFORE, gpu=False)
+    snap = take_snapshot(BEFORE, gpu=False, cpu=False)
     assert snap.values[CounterKey("rdma", "mlx5_0/1", "port_xmit_data")] == 81234567890123
     assert snap.values[CounterKey("rdma_hw", "mlx5_0/1", "out_of_sequence")] == 4294967290
     assert snap.values[CounterKey("netdev", "ens1f0np0", "rx_bytes")] == 734217001220
@@ -104,15 +105,38 @@ def test_wrap_rule() -> None:
 
 
 def test_missing_devices_give_notes_not_errors(tmp_path: Path) -> None:
-    empty = take_snapshot(tmp_path, gpu=False)
+    empty = take_snapshot(tmp_path, gpu=False, cpu=False)
     assert empty.values == {}
     assert empty.notes == [f"no RDMA devices under {tmp_path / 'sys' / 'class' / 'infiniband'}",
                            f"no network interfaces under {tmp_path / 'sys' / 'class' / 'net'}"]
-    snap = take_snapshot(BEFORE, rdma=["mlx5_0", "mlx5_7"], netdev=["eth9"], gpu=False)
+    snap = take_snapshot(BEFORE, rdma=["mlx5_0", "mlx5_7"], netdev=["eth9"], gpu=False, cpu=False)
     assert {k.device for k in snap.values} == {"mlx5_0/1"}
     assert f"RDMA device mlx5_7 not found under {BEFORE / 'sys' / 'class' / 'infiniband'}" in snap.notes
     assert f"interface eth9 not found under {BEFORE / 'sys' / 'class' / 'net'}" in snap.notes
-    assert take_snapshot(BEFORE, rdma=[], netdev=[], gpu=False).values == {}
+    assert take_snapshot(BEFORE, rdma=[], netdev=[], gpu=False, cpu=False).values == {}
+
+
+def test_cpu_time_is_read_from_this_hosts_proc_stat_and_its_stolen_share_computed(tmp_path: Path) -> None:
+    before = take_snapshot(tmp_path, rdma=[], netdev=[], gpu=False)  # a recorded tree: CPU time is still this host's
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:  # CPU time the host's CPUs wanted
+        pass
+    after = take_snapshot(tmp_path, rdma=[], netdev=[], gpu=False)
+    assert set(after.cpu_times) == set(procstat.CPU_STATES) and after.values == {}
+    assert after.cpu_times["user"] + after.cpu_times["system"] > before.cpu_times["user"] + before.cpu_times["system"]
+    assert 0 <= procstat.steal_share(before.cpu_times, after.cpu_times) < 1
+    assert snapshot.Snapshot.from_dict(json.loads(json.dumps(after.to_dict()))) == after
+    assert take_snapshot(tmp_path, rdma=[], netdev=[], gpu=False, cpu=False).cpu_times == {}
+    # 60 ticks busy and 40 stolen, however the idle time went
+    start = dict.fromkeys(procstat.CPU_STATES, 100)
+    end = {**start, "user": 130, "system": 130, "steal": 140, "idle": 900}
+    assert procstat.steal_share(start, end) == pytest.approx(0.4)
+    assert procstat.steal_share(start, start) is None and procstat.steal_share({}, end) is None
+    old = tmp_path / "stat"
+    old.write_text("cpu  2891232 4824 309980 2755240 9217 0 40425\ncpu0 1 2 3 4 5 6 7\n")  # before Linux 2.6.11
+    assert procstat.read_cpu_times(old) == ({}, f"no steal time in {old} (its first line: "
+                                                "'cpu 2891232 4824 309980 2755240 9217 0 40425')")
+    assert procstat.read_cpu_times(tmp_path / "none")[1] == f"no CPU times in {tmp_path / 'none'}"
 
 
 def test_vendor_names_map_to_one_canonical_name() -> None:
@@ -172,7 +196,7 @@ def test_ethtool_live_reports_what_it_cannot_read(monkeypatch) -> None:
         stats, note = ethtool.run_ethtool_stats("dpro-no-such-if")
         assert stats == {} and note.startswith("ethtool -S dpro-no-such-if: ")
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    snap = take_snapshot(BEFORE, rdma=[], netdev=[], ethtool=["eth0"], gpu=False)
+    snap = take_snapshot(BEFORE, rdma=[], netdev=[], ethtool=["eth0"], gpu=False, cpu=False)
     assert snap.values == {} and snap.notes == ["ethtool -S eth0: ethtool is not installed"]
 
 
@@ -191,7 +215,7 @@ def test_live_netdev_counters_of_loopback_move() -> None:
 
 
 def test_missing_gpu_gives_a_note() -> None:
-    snap = take_snapshot(BEFORE, rdma=[], netdev=[], gpu=True)
+    snap = take_snapshot(BEFORE, rdma=[], netdev=[], gpu=True, cpu=False)
     if not any(k.source == "gpu" for k in snap.values):  # no GPU here: a note says why
         assert len(snap.notes) == 1 and snap.notes[0].startswith("GPU counters not read: NVML"), snap.notes
 

@@ -1,6 +1,7 @@
 """`dpro diagnose` on real recorded 2-rank gloo jobs: a rank made slow is named, with the
 cause, and the same job without the slow rank names none; a NIC whose fault counters moved
-during the job is named from the node's counter snapshots."""
+during the job is named from the node's counter snapshots, and so is a host whose hypervisor took
+its CPUs."""
 
 from __future__ import annotations
 
@@ -71,3 +72,45 @@ def test_a_nic_whose_fault_counters_moved_is_named(tmp_path: Path) -> None:
     assert [s["name"] for s in nics] == [f"{start['host']}/mlx5_0/1", f"{start['host']}/ens1f0np0"]
     assert nics[0]["evidence"]["counters"] == {"ack_timeouts": 2, "rx_no_buffer_drops": 250, "rx_out_of_sequence": 16}
     assert nics[1]["evidence"]["counters"] == {"rx_drops": 4} and nics[0]["evidence"]["ranks"] == [0]
+
+
+def _with_steal(snapshot: dict, steal_share: float, start: dict) -> dict:
+    """``snapshot`` (a node's end) with the steal time a hypervisor that took ``steal_share`` of the
+    CPU time wanted since ``start`` would have left: a fake, for no VM here steals on demand."""
+    before, after = start["cpu_times"], snapshot["cpu_times"]
+    busy = sum(after[s] - before[s] for s in ("user", "nice", "system", "irq", "softirq"))
+    steal = before["steal"] + round(busy * steal_share / (1 - steal_share))
+    return {**snapshot, "cpu_times": {**after, "steal": steal}}
+
+
+def test_a_host_whose_hypervisor_took_its_cpus_is_named_against_the_runs_other_hosts(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    done = dpro("record", "-o", run, "--", sys.executable, JOBS / "exit_with.py", "0")
+    assert done.returncode == 0, done.stderr
+    [node] = (run / "nodes").iterdir()
+    start = json.loads((node / "counters-start.json").read_text())
+    end = json.loads((node / "counters-end.json").read_text())
+    states = set(end["cpu_times"])
+    assert states == {"user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"}, "the real /proc/stat"
+
+    def hosts(suspects_of: Path) -> list[tuple[str, dict]]:
+        out = dpro("diagnose", suspects_of, "--json")
+        assert out.returncode == 0, out.stderr
+        return [(s["name"], s["evidence"]) for s in json.loads(out.stdout)["suspects"]
+                if s["kind"] == "host" and "steal_share" in s["evidence"]]
+
+    (node / "counters-end.json").write_text(json.dumps(_with_steal(end, 0.3, start)))
+    [(name, evidence)] = hosts(run)  # a run of one host: against none
+    assert name == start["host"] and evidence["steal_share"] == pytest.approx(0.3, abs=0.01)
+    # a second node on another host, whose hypervisor took as much: no host is slower than the other
+    other = node.with_name("other-1")
+    other.mkdir()
+    node_json = json.loads((node / "node.json").read_text())
+    (other / "node.json").write_text(json.dumps({**node_json, "host": "other"}))
+    for name in ("counters-start.json", "counters-end.json"):
+        (other / name).write_text(json.dumps({**json.loads((node / name).read_text()), "host": "other"}))
+    assert hosts(run) == []
+    # ... and one whose hypervisor took half as much: the first is named (15 points above it), not the other
+    (other / "counters-end.json").write_text(json.dumps({**_with_steal(end, 0.15, start), "host": "other"}))
+    [(name, evidence)] = hosts(run)
+    assert name == start["host"] and evidence["other_hosts_steal_share"] == pytest.approx(0.15, abs=0.01)

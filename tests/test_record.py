@@ -25,7 +25,7 @@ from .conftest import EXAMPLE, FAKES, JOBS, SMALL_LM, TORCHRUN, assert_one_line_
 
 def test_run_directory_is_complete_for_both_ranks(recorded_run: Path) -> None:
     run = open_run(recorded_run)
-    assert run.manifest["format_version"] == "1.4"
+    assert run.manifest["format_version"] == "1.5"
     assert run.manifest["options"] == {"skip": 3, "warmup": 1, "steps": 2, "calibrate": True, "probe": False}
     assert run.ranks == [0, 1]
     [node] = run.nodes()

@@ -118,6 +118,33 @@ def test_interleaved_runs_rounds_in_fresh_orders_and_records_sources_once(tmp_pa
     assert spread_pct([100.0, 103.0, 101.0]) == pytest.approx(3.0)
 
 
+def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again(monkeypatch):
+    # No hypervisor here steals on demand: /proc/stat's reader is a fake that, around each run,
+    # counts 100 ticks busy and the next of ``stolen`` (in ticks) stolen
+    from benchmarks.testbed import protocol
+
+    stolen, clock = [300, 100, 2], {"busy": 0, "steal": 0}
+
+    def times():
+        return {**dict.fromkeys(("nice", "system", "idle", "iowait", "irq", "softirq"), 0),
+                "user": clock["busy"], "steal": clock["steal"]}, None
+
+    def run():
+        clock["busy"] += 100
+        clock["steal"] += stolen.pop(0)
+        return float(len(stolen))
+
+    monkeypatch.setattr(protocol, "read_cpu_times", times)
+    bed = protocol.Testbed(log=lambda m: None)
+    config = Config("c", draw_job(1), 100)
+    assert bed._unstolen(config, "measuring", run) == (0, pytest.approx(2 / 102))  # the third run, 2% stolen
+    assert [str(s) for s in bed.stolen] == ["measuring c: 75% of the CPU stolen, 2.0 ms",
+                                            "measuring c: 50% of the CPU stolen, 1.0 ms"]
+    stolen[:] = [300, 300, 300]
+    assert bed._unstolen(config, "recording", run) == (0, pytest.approx(0.75))  # the last kept, however stolen
+    assert len(bed.stolen) == 4 and stolen == []
+
+
 @pytest.fixture
 def model_tree(tmp_path):
     """A git checkout of the model's sources, to freeze and change."""

@@ -34,12 +34,12 @@ class NicWatch:
         self._before: Snapshot | None = None
 
     def start(self) -> None:
-        self._before = take_snapshot(self.root, netdev=self._interfaces(), gpu=False)
+        self._before = take_snapshot(self.root, netdev=self._interfaces(), gpu=False, cpu=False)
 
     def finish(self) -> list[Check]:
         """One check per RDMA port and per interface that is up (one skipped check when there is none)."""
         interfaces = self._interfaces()
-        after = take_snapshot(self.root, netdev=interfaces, gpu=False)
+        after = take_snapshot(self.root, netdev=interfaces, gpu=False, cpu=False)
         faults: dict[str, dict[str, int]] = defaultdict(dict)
         if self._before is not None:
             for rate in diff(self._before, after).rates:

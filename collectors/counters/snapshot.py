@@ -1,9 +1,10 @@
 """Counter snapshots of one host (RDMA ports, netdev, ``ethtool -S``, NVML) and their rates.
 
 A :class:`Snapshot` is every counter read at one instant, keyed by (source, device, raw name),
-with the driver of each device and a note for each source that could not be read. :func:`diff`
-turns two snapshots into per-second rates, in canonical names and units (bytes, not the 4-byte
-words of ``port_xmit_data``), across wrap-around (:mod:`dpro.collectors.counters.wrap`).
+with the driver of each device, a note for each source that could not be read, and the host's
+CPU time (``cpu_times``, apart from the counters, whose sources readers of run format 1.4 know).
+:func:`diff` turns two snapshots into per-second rates, in canonical names and units (bytes, not
+the 4-byte words of ``port_xmit_data``), across wrap-around (:mod:`dpro.collectors.counters.wrap`).
 
 Missing hardware never raises: a device, interface, GPU or tool that is not there gives a note.
 """
@@ -22,6 +23,7 @@ from dpro.collectors.counters import sysfs
 from dpro.collectors.counters.catalog import NOT_COUNTERS, describe
 from dpro.collectors.counters.ethtool import read_ethtool_file, run_ethtool_stats
 from dpro.collectors.counters.nvml import read_gpu_counters
+from dpro.collectors.counters.procstat import read_cpu_times
 from dpro.collectors.counters.wrap import delta
 
 
@@ -44,6 +46,7 @@ class Snapshot:
     values: dict[CounterKey, int]
     drivers: dict[str, str] = field(default_factory=dict)  # device -> kernel driver
     notes: list[str] = field(default_factory=list)
+    cpu_times: dict[str, int] = field(default_factory=dict)  # /proc/stat's, by state (:mod:`.procstat`)
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per counter: source, device, name, canonical, unit, value (raw), value_in_unit."""
@@ -65,26 +68,28 @@ class Snapshot:
         """A JSON-ready form; :meth:`from_dict` reads it back."""
         return {"host": self.host, "time_ns": self.time_ns, "monotonic_ns": self.monotonic_ns,
                 "counters": [[*key, value] for key, value in sorted(self.values.items())],
-                "drivers": self.drivers, "notes": self.notes}
+                "drivers": self.drivers, "notes": self.notes, "cpu_times": self.cpu_times}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Snapshot:
         """The snapshot written by :meth:`to_dict`."""
         return cls(host=d["host"], time_ns=d["time_ns"], monotonic_ns=d["monotonic_ns"],
                    values={CounterKey(s, dev, n): v for s, dev, n, v in d["counters"]},
-                   drivers=dict(d.get("drivers", {})), notes=list(d.get("notes", [])))
+                   drivers=dict(d.get("drivers", {})), notes=list(d.get("notes", [])),
+                   cpu_times=dict(d.get("cpu_times", {})))
 
 
 def take_snapshot(root: str | os.PathLike | None = None, *, rdma: Iterable[str] | None = None,
                   netdev: Iterable[str] | None = None, ethtool: Iterable[str] = (),
                   ethtool_files: Mapping[str, str | os.PathLike] | None = None,
-                  gpu: bool = True) -> Snapshot:
+                  gpu: bool = True, cpu: bool = True) -> Snapshot:
     """Read this host's counters now.
 
     ``root``: where sysfs is (:func:`dpro.collectors.counters.sysfs.sysfs_dir`). ``rdma``/``netdev``: the
     RDMA devices / interfaces to read, all when None, none when empty. ``ethtool``: interfaces to
     run ``ethtool -S`` on; ``ethtool_files``: ``{interface: recorded ethtool -S output}``.
-    ``gpu``: read NVML counters.
+    ``gpu``: read NVML counters. ``cpu``: read the CPU time of the host this runs on
+    (``/proc/stat``, whatever ``root`` is).
     """
     values: dict[CounterKey, int] = {}
     drivers: dict[str, str] = {}
@@ -103,7 +108,9 @@ def take_snapshot(root: str | os.PathLike | None = None, *, rdma: Iterable[str] 
         gpus, gpu_notes = read_gpu_counters()
         values.update({CounterKey("gpu", dev, name): v for dev, fields in gpus.items() for name, v in fields.items()})
         notes += gpu_notes
-    return Snapshot(socket.gethostname(), time.time_ns(), time.monotonic_ns(), values, drivers, notes)
+    times, note = read_cpu_times() if cpu else ({}, None)
+    notes += [note] if note else []
+    return Snapshot(socket.gethostname(), time.time_ns(), time.monotonic_ns(), values, drivers, notes, times)
 
 
 def _absent(where: Path, things: str, thing: str, wanted: list[str] | None, found: Collection[str]) -> list[str]:

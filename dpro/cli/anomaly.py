@@ -192,18 +192,24 @@ def _probe_tiers(path: Path, names: list[str]) -> list[dict[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def counters_command(interval: float, sysfs_root: Path | None, interfaces: tuple[str, ...], show_all: bool,
                      as_json: bool) -> None:
-    """Rates of this host's RDMA, netdev, ethtool and GPU counters over INTERVAL seconds."""
+    """Rates of this host's RDMA, netdev, ethtool and GPU counters over INTERVAL seconds, and the share of
+    its CPU time the hypervisor took (steal)."""
     from dpro.collectors.counters import diff, take_snapshot
+    from dpro.collectors.counters.procstat import steal_share
 
     before = take_snapshot(sysfs_root, ethtool=interfaces)
     time.sleep(interval)
-    rates = diff(before, take_snapshot(sysfs_root, ethtool=interfaces))
+    after = take_snapshot(sysfs_root, ethtool=interfaces)
+    rates = diff(before, after)
+    stolen = steal_share(before.cpu_times, after.cpu_times)
     if as_json:
-        click.echo(json.dumps(rates.to_dict(), indent=1))
+        click.echo(json.dumps({**rates.to_dict(), "cpu_steal_share": stolen}, indent=1))
         return
     frame = rates.to_frame()
     if not show_all and not frame.empty:
         frame = frame[frame["per_s"] != 0]
     click.echo(frame.to_string(index=False) if not frame.empty else "no counter moved")
+    if stolen is not None:
+        click.echo(f"CPU: the hypervisor took {100 * stolen:.1f}% of the CPU time this host's CPUs wanted (steal)")
     for note in rates.notes:
         click.echo(f"note: {note}")
