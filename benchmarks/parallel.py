@@ -63,6 +63,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -70,6 +71,9 @@ from benchmarks.testbed import frozen
 from benchmarks.testbed.protocol import STEAL_MAX, Config, LocalJob, Testbed, interleaved, spread_pct
 from benchmarks.testbed.spec import draw_job
 from dpro.cli.options import table
+
+if TYPE_CHECKING:
+    from dpro.analysis import RunAnalysis
 
 TUNING_SEED = 11
 REPEATS = 3
@@ -216,18 +220,17 @@ def score(seed: int, root: Path, measured: dict[str, list[float]], cases: list[C
             "replays": replays, "cases": scored}
 
 
-def recording_steal(analysis) -> float | None:
+def recording_steal(analysis: RunAnalysis) -> float | None:
     """The share of the CPU time wanted during the recording that the hypervisor took (its nodes'
     median; None for runs without CPU time, format 1.4 and older)."""
-    from dpro.collectors.counters.procstat import steal_share
+    from dpro.anomaly.run.nodes import steal_shares
 
-    shares = [steal_share(start.get("cpu_times", {}), end.get("cpu_times", {}))
-              for _, start, end in analysis.run.counter_snapshots()]
-    shares = [s for s in shares if s is not None]
+    shares = list(steal_shares(analysis.run).values())
     return float(np.median(shares)) if shares else None
 
 
 def _pct(share: float | None) -> str:
+    """A share as a whole percentage; blank where unknown."""
     return "" if share is None else f"{100 * share:.0f}"
 
 

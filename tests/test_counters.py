@@ -124,9 +124,12 @@ def test_cpu_time_is_read_from_this_hosts_proc_stat_and_its_stolen_share_compute
     after = take_snapshot(tmp_path, rdma=[], netdev=[], gpu=False)
     assert set(after.cpu_times) == set(procstat.CPU_STATES) and after.values == {}
     assert after.cpu_times["user"] + after.cpu_times["system"] > before.cpu_times["user"] + before.cpu_times["system"]
-    assert 0 <= procstat.steal_share(before.cpu_times, after.cpu_times) < 1
+    share = procstat.steal_share(before.cpu_times, after.cpu_times)
+    assert share is not None and 0 <= share <= 1
     assert snapshot.Snapshot.from_dict(json.loads(json.dumps(after.to_dict()))) == after
     assert take_snapshot(tmp_path, rdma=[], netdev=[], gpu=False, cpu=False).cpu_times == {}
+    written_by_1_4 = {k: v for k, v in after.to_dict().items() if k != "cpu_times"}
+    assert snapshot.Snapshot.from_dict(written_by_1_4).cpu_times == {}
     # 60 ticks busy and 40 stolen, however the idle time went
     start = dict.fromkeys(procstat.CPU_STATES, 100)
     end = {**start, "user": 130, "system": 130, "steal": 140, "idle": 900}
@@ -137,6 +140,8 @@ def test_cpu_time_is_read_from_this_hosts_proc_stat_and_its_stolen_share_compute
     assert procstat.read_cpu_times(old) == ({}, f"no steal time in {old} (its first line: "
                                                 "'cpu 2891232 4824 309980 2755240 9217 0 40425')")
     assert procstat.read_cpu_times(tmp_path / "none")[1] == f"no CPU times in {tmp_path / 'none'}"
+    (tmp_path / "blank").write_text("\n")
+    assert procstat.read_cpu_times(tmp_path / "blank")[1].startswith("no steal time in")
 
 
 def test_vendor_names_map_to_one_canonical_name() -> None:

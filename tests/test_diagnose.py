@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dpro.collectors.counters.procstat import BUSY_STATES
+
 from .conftest import EXAMPLE, JOBS, SMALL_LM, TORCHRUN, dpro
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -30,11 +32,13 @@ def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_slow_rank_is_named_first_as_a_compute_straggler(straggler_run: Path) -> None:
     out = dpro("diagnose", straggler_run, "--json")
     assert out.returncode == 0, out.stderr
-    first = json.loads(out.stdout)["suspects"][0]
+    # first but for this machine's own stolen CPU, which a contended test machine may add
+    first = [s for s in json.loads(out.stdout)["suspects"] if "steal_share" not in s["evidence"]][0]
     assert (first["kind"], first["rank"]) == ("rank", 1)
     assert first["evidence"]["cause"].startswith("compute") and first["evidence"]["late_ms"] > 20
     text = dpro("diagnose", straggler_run)
-    assert text.returncode == 0 and text.stdout.splitlines()[0].split()[1:4] == ["rank", "rank", "1"]
+    lines = [line for line in text.stdout.splitlines() if "steal_share=" not in line]
+    assert text.returncode == 0 and lines[0].split()[1:4] == ["rank", "rank", "1"]
 
 
 def test_the_same_job_without_a_slow_rank_names_no_straggler(recorded_run: Path) -> None:
@@ -78,7 +82,7 @@ def _with_steal(snapshot: dict, steal_share: float, start: dict) -> dict:
     """``snapshot`` (a node's end) with the steal time a hypervisor that took ``steal_share`` of the
     CPU time wanted since ``start`` would have left: a fake, for no VM here steals on demand."""
     before, after = start["cpu_times"], snapshot["cpu_times"]
-    busy = sum(after[s] - before[s] for s in ("user", "nice", "system", "irq", "softirq"))
+    busy = sum(after[s] - before[s] for s in BUSY_STATES)
     steal = before["steal"] + round(busy * steal_share / (1 - steal_share))
     return {**snapshot, "cpu_times": {**after, "steal": steal}}
 
@@ -99,6 +103,8 @@ def test_a_host_whose_hypervisor_took_its_cpus_is_named_against_the_runs_other_h
         return [(s["name"], s["evidence"]) for s in json.loads(out.stdout)["suspects"]
                 if s["kind"] == "host" and "steal_share" in s["evidence"]]
 
+    (node / "counters-end.json").write_text(json.dumps({k: v for k, v in end.items() if k != "cpu_times"}))
+    assert hosts(run) == [], "a node without CPU time, as run format 1.4 wrote it"
     (node / "counters-end.json").write_text(json.dumps(_with_steal(end, 0.3, start)))
     [(name, evidence)] = hosts(run)  # a run of one host: against none
     assert name == start["host"] and evidence["steal_share"] == pytest.approx(0.3, abs=0.01)

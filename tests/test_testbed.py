@@ -91,6 +91,7 @@ class _Counting:
     def __init__(self, values: dict[str, list[float]]) -> None:
         self.values = {k: list(v) for k, v in values.items()}
         self.order: list[str] = []
+        self.steal: dict[str, list[float | None]] = {}
         self.log = lambda m: None
 
     def measure(self, config: Config) -> float:

@@ -8,8 +8,8 @@ and samples every GPU through NVML (``gpu-samples.csv``). A counter that counts 
 uncorrected ECC) and went up during the job makes its device a suspect; so does a GPU that
 spent at least half of its samples slowed by a hardware slowdown, a thermal limit or a power
 brake; so does a host whose hypervisor took (*steal* time, :mod:`dpro.collectors.counters.procstat`)
-at least :data:`STEAL_SHARE` more of the CPU time its CPUs wanted than it took on the run's other
-hosts (the median; none on a run of one host): hosts that share one machine, or a cluster
+at least :data:`STEAL_SHARE` (in points) more of the CPU time its CPUs wanted than it took on the
+run's other hosts (their median; none on a run of one host): hosts that share one machine, or a cluster
 contended all over, slow no host more than the others.
 
 Scores are on the scale of the other analyses, where 4 is where something stands out: a
@@ -33,15 +33,16 @@ from dpro.collectors.counters.catalog import FAULT_COUNTERS
 from dpro.collectors.counters.procstat import steal_share
 from dpro.run_format import Run
 
-__all__ = ["SLOWDOWN_REASONS", "STEAL_SHARE", "counter_faults", "gpu_samples", "stolen_cpu", "throttled_gpus"]
+__all__ = ["SLOWDOWN_REASONS", "STEAL_SHARE", "counter_faults", "gpu_samples", "steal_shares", "stolen_cpu",
+           "throttled_gpus"]
 
 Z_MIN = 4.0
 MIN_THROTTLED_SHARE = 0.5
 STEAL_SHARE = 0.1
 """How much more of the CPU time a host's CPUs wanted the hypervisor must have taken there than on
-the run's other hosts: a tenth of it (the 2-vCPU VM this was built on lost about 1% idle, and up
-to a third in whole runs of the testbed's jobs, which then ran their steps 1.2-3x slower;
-2026-11-29)."""
+the run's other hosts: 10 percentage points (the 2-vCPU VM this was built on lost 0.2-47% of two
+busy loops' CPU time, by the hour, and up to 36% of whole runs of the testbed's jobs, which then
+ran their steps 1.2-3.2x slower; 2026-11-29). On a run of one host, against none: a job that lost a tenth of its CPU is named."""
 SLOWDOWN_REASONS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
                     0x80: "hardware power brake"}
 """NVML's clock throttle reasons that mean the GPU is held back (``nvmlClocksThrottleReason*``;
@@ -87,13 +88,20 @@ def throttled_gpus(samples: pd.DataFrame) -> list[Suspect]:
     return sorted(out, key=lambda s: -s.score)
 
 
-def stolen_cpu(run: Run) -> list[Suspect]:
-    """A host suspect per node whose hypervisor took at least :data:`STEAL_SHARE` more of the CPU
-    time its CPUs wanted during the job than the median of the run's other nodes."""
+def steal_shares(run: Run) -> dict[str, float]:
+    """Each node's share of the CPU time its CPUs wanted during the job that the hypervisor took,
+    by host; nodes without CPU time (run format 1.4 and older) left out."""
     shares = {}
     for host, start, end in run.counter_snapshots():
         if (share := steal_share(start.get("cpu_times", {}), end.get("cpu_times", {}))) is not None:
             shares[host] = share
+    return shares
+
+
+def stolen_cpu(run: Run) -> list[Suspect]:
+    """A host suspect per node whose hypervisor took at least :data:`STEAL_SHARE` more of the CPU
+    time its CPUs wanted during the job than the median of the run's other nodes."""
+    shares = steal_shares(run)
     out = []
     for host, share in shares.items():
         others = [v for h, v in shares.items() if h != host]

@@ -38,7 +38,8 @@ from dpro.collectors.counters.procstat import read_cpu_times, steal_share
 
 T = TypeVar("T")
 
-__all__ = ["Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spread_pct", "JOB", "SKIP_STEPS"]
+__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spread_pct", "JOB",
+           "SKIP_STEPS"]
 
 JOB = Path(__file__).with_name("job.py")
 EXAMPLE_CNN = (str(Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"), "--arch", "cnn", "--steps", "20")
@@ -224,7 +225,7 @@ class Stolen:
     what: str
     name: str
     share: float
-    result: object
+    result: float | None
 
     def __str__(self) -> str:
         got = f", {self.result:.1f} ms" if isinstance(self.result, float) else ""
@@ -259,7 +260,7 @@ def interleaved(testbed: Testbed, configs: Iterable[Config | LocalJob], repeats:
                 testbed.record(config, record_into / config.name)
             done += 1
             out[config.name].append(testbed.measure(config))
-            stolen = (getattr(testbed, "steal", {}).get(config.name) or [None])[-1]
+            stolen = (testbed.steal.get(config.name) or [None])[-1]
             testbed.log(f"testbed: {config.name} round {round_ + 1}: {out[config.name][-1]:.1f} ms ({done}/{total})"
                         + (f", {100 * stolen:.0f}% of the CPU stolen" if stolen is not None else ""))
     return out

@@ -16,7 +16,7 @@ PROC_STAT = Path("/proc/stat")
 CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 BUSY_STATES = ("user", "nice", "system", "irq", "softirq")
 
-__all__ = ["CPU_STATES", "read_cpu_times", "steal_share"]
+__all__ = ["BUSY_STATES", "CPU_STATES", "read_cpu_times", "steal_share"]
 
 
 def read_cpu_times(path: str | os.PathLike = PROC_STAT) -> tuple[dict[str, int], str | None]:
@@ -26,7 +26,7 @@ def read_cpu_times(path: str | os.PathLike = PROC_STAT) -> tuple[dict[str, int],
         line = Path(path).read_text().splitlines()[0].split()
     except (OSError, IndexError):
         return {}, f"no CPU times in {path}"
-    if line[0] != "cpu" or len(line) < 1 + len(CPU_STATES):
+    if not line or line[0] != "cpu" or len(line) < 1 + len(CPU_STATES):
         return {}, f"no steal time in {path} (its first line: {' '.join(line)[:60]!r})"
     try:
         return {state: int(v) for state, v in zip(CPU_STATES, line[1:])}, None
