@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.testbed import frozen
-from benchmarks.testbed.protocol import STEAL_MAX, Config, Testbed, interleaved, spread_pct
+from benchmarks.testbed.protocol import Config, Testbed, interleaved, spread_pct
 from benchmarks.testbed.spec import COLUMNS, draw_job
 from dpro.cli.options import table
 
@@ -279,11 +279,8 @@ def run(quick: bool = False, seeds: str = "both", keep: Path | None = None) -> l
             label = "scoring (held out)" if state.held_out else "scoring (NOT held out)"
             _print_seed(scoring, label)
             rows += summary(scoring, "scoring" if state.held_out else "scoring, not held out", goals=state.held_out)
-        if testbed.retried:
-            print(f"\nruns repeated after a failed start: {', '.join(testbed.retried)}")
-        if testbed.stolen:
-            print(f"\nruns repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
-                  f"{', '.join(map(str, testbed.stolen))}")
+        for line in testbed.repeated():
+            print(f"\n{line}")
     print(f"\nmodel: {state.why}")
     print(f"runs kept in {root}")
     return rows

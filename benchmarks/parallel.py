@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from benchmarks.testbed import frozen
-from benchmarks.testbed.protocol import STEAL_MAX, Config, LocalJob, Testbed, interleaved, spread_pct
+from benchmarks.testbed.protocol import Config, LocalJob, Testbed, interleaved, spread_pct, stolen_pct
 from benchmarks.testbed.spec import draw_job
 from dpro.cli.options import table
 
@@ -229,11 +229,6 @@ def recording_steal(analysis: RunAnalysis) -> float | None:
     return float(np.median(shares)) if shares else None
 
 
-def _pct(share: float | None) -> str:
-    """A share as a whole percentage; blank where unknown."""
-    return "" if share is None else f"{100 * share:.0f}"
-
-
 def own_steps_ms(analysis) -> dict[str, float]:
     """The recording's own median step (the slowest rank's), ``unprofiled`` and ``profiled``, in ms."""
     times = analysis.step_times
@@ -343,7 +338,8 @@ def print_seed(result: dict) -> None:
           f"wanted that the hypervisor took during each run, where measured)")
     steal = result.get("steal", {})
     print(table([("configuration", "medians ms", "spread %", "CPU stolen %")] + [
-        (n, " ".join(f"{x:.1f}" for x in result["measured"][n]), f"{s:.1f}", " ".join(map(_pct, steal.get(n, []))))
+        (n, " ".join(f"{x:.1f}" for x in result["measured"][n]), f"{s:.1f}",
+         " ".join(map(stolen_pct, steal.get(n, []))))
         for n, s in result["noise"].items()]))
     print("\nreplay as recorded (not anchored) against the measured median")
     print("(the error's factors: the recording's own unprofiled steps against the median, which the replay "
@@ -352,7 +348,7 @@ def print_seed(result: dict) -> None:
                   "replay vs window %", "CPU stolen %")] + [
         (r["source"], r["form"], f"{r['measured_ms']:.1f}", f"{r['replayed_ms']:.1f}", f"{r['error_pct']:+.1f}",
          *(f"{r[k]:+.1f}" for k in ("run_against_median_pct", "window_against_run_pct", "against_window_pct")),
-         _pct(r.get("recording_steal"))) for r in result["replays"]]))
+         stolen_pct(r.get("recording_steal"))) for r in result["replays"]]))
     print("\nwhat-ifs (range: what one recording without probe steps allows, where the ops' fixed cost decides)")
     print(table([("case", "source ms", "measured ms", "true change %", "predicted ms", "error %", "no change %",
                   "range ms")] + [
@@ -400,11 +396,8 @@ def run_testbed(seed: int, jobs: int = JOBS, keep: Path | None = None) -> tuple[
     with Testbed() as testbed:
         result = run_seed(testbed, seed, jobs, root)
         print_seed(result)
-        if testbed.retried:
-            print(f"\nruns repeated after a failed start: {', '.join(testbed.retried)}")
-        if testbed.stolen:
-            print(f"\nruns repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
-                  f"{', '.join(map(str, testbed.stolen))}")
+        for line in testbed.repeated():
+            print(f"\n{line}")
     now = frozen.model_version()
     print(f"\nmodel: commit {commit}{' with uncommitted changes' if dirty else ''}, "
           f"hash {model}; seed {seed} ({label})"

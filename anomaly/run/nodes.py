@@ -42,7 +42,8 @@ STEAL_SHARE = 0.1
 """How much more of the CPU time a host's CPUs wanted the hypervisor must have taken there than on
 the run's other hosts: 10 percentage points (the 2-vCPU VM this was built on lost 0.2-47% of two
 busy loops' CPU time, by the hour, and up to 36% of whole runs of the testbed's jobs, which then
-ran their steps 1.2-3.2x slower; 2026-11-29). On a run of one host, against none: a job that lost a tenth of its CPU is named."""
+ran their steps 1.2-3.2x slower; 2026-11-29). On a run of one host, against none: a job that lost
+a tenth of its CPU is named."""
 SLOWDOWN_REASONS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
                     0x80: "hardware power brake"}
 """NVML's clock throttle reasons that mean the GPU is held back (``nvmlClocksThrottleReason*``;

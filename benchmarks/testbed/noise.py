@@ -17,7 +17,7 @@ import numpy as np
 
 from dpro.cli.options import table
 
-from benchmarks.testbed.protocol import EXAMPLE_CNN, Config, LocalJob, Testbed, interleaved, spread_pct
+from benchmarks.testbed.protocol import EXAMPLE_CNN, Config, LocalJob, Testbed, interleaved, spread_pct, stolen_pct
 from benchmarks.testbed.spec import draw_job
 
 __all__ = ["run"]
@@ -45,7 +45,7 @@ def run(quick: bool = False) -> list[dict]:
     spreads = {name: spread_pct(ms) for name, ms in medians.items()}
     print(table([("configuration", "runs (median step, ms)", "spread %", "CPU stolen %")] + [
         (n, " ".join(f"{x:.1f}" for x in ms), f"{spreads[n]:.1f}",
-         " ".join("" if v is None else f"{100 * v:.0f}" for v in testbed.steal.get(n, [])))
+         " ".join(map(stolen_pct, testbed.steal.get(n, []))))
         for n, ms in medians.items()]))
     aside = [s for s in testbed.stolen if isinstance(s.result, float)]
     slower = [s.result / float(np.median(medians[s.name])) for s in aside]

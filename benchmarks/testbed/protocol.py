@@ -38,8 +38,8 @@ from dpro.collectors.counters.procstat import read_cpu_times, steal_share
 
 T = TypeVar("T")
 
-__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spread_pct", "JOB",
-           "SKIP_STEPS"]
+__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spread_pct",
+           "stolen_pct", "JOB", "SKIP_STEPS"]
 
 JOB = Path(__file__).with_name("job.py")
 EXAMPLE_CNN = (str(Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"), "--arch", "cnn", "--steps", "20")
@@ -164,6 +164,12 @@ class Testbed:
                 self.log(f"testbed: {what} {config.name} failed; once more")
         raise RuntimeError(f"{what} {config.name}: " + " | ".join(r.stderr.strip()[-400:] for r in done))
 
+    def repeated(self) -> list[str]:
+        """What was run again, one line per reason (a failed start, the CPU the hypervisor took)."""
+        return ([f"runs repeated after a failed start: {', '.join(self.retried)}"] if self.retried else []) + (
+            [f"runs repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
+             f"{', '.join(map(str, self.stolen))}"] if self.stolen else [])
+
     def measure(self, config: Config | LocalJob) -> float:
         """The median step time (ms) of one run with no profiler, after its first :data:`SKIP_STEPS`;
         the share of the CPU time wanted meanwhile that the hypervisor took goes to :attr:`steal`."""
@@ -260,10 +266,15 @@ def interleaved(testbed: Testbed, configs: Iterable[Config | LocalJob], repeats:
                 testbed.record(config, record_into / config.name)
             done += 1
             out[config.name].append(testbed.measure(config))
-            stolen = (testbed.steal.get(config.name) or [None])[-1]
+            stolen = stolen_pct((testbed.steal.get(config.name) or [None])[-1])
             testbed.log(f"testbed: {config.name} round {round_ + 1}: {out[config.name][-1]:.1f} ms ({done}/{total})"
-                        + (f", {100 * stolen:.0f}% of the CPU stolen" if stolen is not None else ""))
+                        + (f", {stolen}% of the CPU stolen" if stolen else ""))
     return out
+
+
+def stolen_pct(share: float | None) -> str:
+    """A stolen share as a whole percentage; blank where unknown."""
+    return "" if share is None else f"{100 * share:.0f}"
 
 
 def spread_pct(medians: list[float]) -> float:

@@ -5,8 +5,9 @@
 ``counters-start.json`` and ``counters-end.json``); :func:`diff` turns two snapshots into
 per-second rates in canonical names and units, across counter wrap. The readers
 (:mod:`.sysfs`, :mod:`.ethtool`, :mod:`.nvml`; :mod:`.procstat` for the host's CPU time), the
-counter catalog (:mod:`.catalog`) and the wrap rule (:mod:`.wrap`) are modules of their own; ``python -m dpro.collectors.counters`` prints
-a snapshot as JSON (what the traffic engines run on each endpoint).
+counter catalog (:mod:`.catalog`) and the wrap rule (:mod:`.wrap`) are modules of their own;
+``python -m dpro.collectors.counters`` prints a snapshot as JSON (what the traffic engines run on
+each endpoint).
 """
 
 from __future__ import annotations
