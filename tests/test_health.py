@@ -36,6 +36,7 @@ from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 from dpro.anomaly.health.rules import Baseline, judge, learned
 from dpro.anomaly.suspects import to_json
+from dpro.collectors.counters.procstat import read_cpu_times, steal_share
 from tools.testing.browser import start_dashboard
 from tools.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
 from tests.conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
@@ -599,6 +600,23 @@ def _health_on_a_routed_fabric(tmp_path: Path, routes: str, pairwise: str) -> di
     return report
 
 
+def _routed_check_naming_no_host(tmp_path: Path, routes: str, pairwise: str) -> tuple[dict, Path]:
+    """:func:`_health_on_a_routed_fabric`, checked again once where it named a host or NIC (the
+    2 shared cores' probes are noisy, more so on a loaded CI machine), and its folder; fails
+    where both checks named one, with what they named and the CPU the hypervisor took."""
+    named = []
+    for attempt in range(2):
+        folder = tmp_path / f"check{attempt}"
+        folder.mkdir()
+        before, _ = read_cpu_times()
+        report = _health_on_a_routed_fabric(folder, routes, pairwise)
+        hosts = [(s["kind"], s["name"], round(s["score"], 2)) for s in report["suspects"] if s["kind"] != "link"]
+        if not hosts:
+            return report, folder
+        named.append({"named": hosts, "stolen_cpu": steal_share(before, read_cpu_times()[0])})
+    pytest.fail(f"both checks named a host or NIC: {named}")
+
+
 @pytest.mark.privileged
 @pytest.mark.slow
 def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_host(tmp_path: Path) -> None:
@@ -610,14 +628,14 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
     were needed and missed with odds of 1 in 65). Each probe measured once: here a probe is
     bound by the 2 shared cores, and rank 0's host (the store, the barriers' root) is the
     busiest, a bias that the medians of short repeats bring past the threshold (8 repeats named
-    its NIC too in 2 of 3 runs of 10 ms repeats and 1 of 2 of 50 ms)."""
-    report = _health_on_a_routed_fabric(tmp_path, "ecmp", "pairwise: {seconds: 0.08, sweeps: 1}")
+    its NIC too in 2 of 3 runs of 10 ms repeats and 1 of 2 of 50 ms). Even so a loaded CI
+    machine's check named a host beside the uplink once: a check that names one is made again."""
+    report, _ = _routed_check_naming_no_host(tmp_path, "ecmp", "pairwise: {seconds: 0.08, sweeps: 1}")
     assert report["suspects"], report["pairwise"]
     first = report["suspects"][0]
     named = {first["name"], *first["evidence"]["same_as"]}
     assert first["kind"] == "link" and "leaf0->spine0" in named, report["suspects"]
     assert named <= {"leaf0->spine0", "leaf0->spine1"}  # leaf0's uplinks: no probe tells them apart
-    assert all(s["kind"] == "link" for s in report["suspects"])
     assert all(n["verdict"] == "healthy" for n in report["nodes"] if n["host"] != "job"), \
         [(n["host"], [c["message"] for c in n["checks"] if c["status"] != "pass"]) for n in report["nodes"]]
     # the drop is diluted by the probes ECMP may have sent over leaf0's other uplink: either grade, as it says
@@ -633,9 +651,9 @@ def test_routes_by_destination_probe_both_ways_in_fewer_rounds_and_still_name_th
     """The same fabric routed by destination (a /32 route a host, over spine ``d mod 2``), and
     the check told so: its first sweep takes the schedule for known routes, each pair both ways
     at once, and names leaf0's throttled uplink as before."""
-    report = _health_on_a_routed_fabric(tmp_path, "destination",  # each probe once: see the test above
-                                        "pairwise: {seconds: 0.08, sweeps: 1, routes: destination}")
-    topology = from_spec(json.loads((tmp_path / "fabric.yaml").read_text()))
+    report, folder = _routed_check_naming_no_host(tmp_path, "destination",  # each probe once: see the test above
+                                                  "pairwise: {seconds: 0.08, sweeps: 1, routes: destination}")
+    topology = from_spec(json.loads((folder / "fabric.yaml").read_text()))
     names = hosts(topology)
     safe = len(probe_rounds(len(names), [[t[h] for h in names] for t in probe_tiers(topology, names)]))
     assert report["pairwise"]["routes"] == "destination"

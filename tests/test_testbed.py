@@ -189,19 +189,34 @@ def test_a_changed_model_is_not_called_held_out(model_tree):
     assert json.loads(path.read_text())["used_seeds"] == [11, 12, drawn.seed]
 
 
+WINDOW_TRIES = 3
+
+
 @pytest.mark.parametrize("slow", [False, True])
 def test_a_disturbed_profiling_window_is_flagged(tmp_path, slow):
-    run = tmp_path / "run"
-    job = ["--steps", "16", *(["--slow", "5", "7"] if slow else [])]
-    result = dpro("record", "-o", run, "--skip", "4", "--warmup", "1", "--steps", "3", "--no-calibrate", "--",
-                  *TORCHRUN, "--nproc-per-node=2", JOBS / "disturbed_window.py", *job)
-    assert result.returncode == 0, result.stderr
-    replay, info = dpro("replay", run), dpro("info", run)
-    assert replay.returncode == 0 and info.returncode == 0, replay.stderr + info.stderr
-    for out in (replay.stdout, info.stdout):
-        assert ("warning: the profiling window's steps ran" in out) == slow, out
-    window = json.loads(dpro("replay", run, "--json").stdout)["window"]
-    assert window["disturbed"] == slow
+    """A window whose steps hold 40 ms more is flagged, an undisturbed one is not. The machine
+    may disturb a window too (a loaded CI's window ran 36% slower, its hypervisor's share
+    unrecorded): an undisturbed job's flagged window is recorded again, as the warning tells a
+    user, up to :data:`WINDOW_TRIES` recordings, each flagged one printed with its stolen CPU."""
+    from dpro.anomaly.run.nodes import steal_shares
+    from dpro.run_format import open_run
+
+    flagged = []
+    for attempt in range(1 if slow else WINDOW_TRIES):
+        run = tmp_path / f"run{attempt}"
+        job = ["--steps", "16", *(["--slow", "5", "7"] if slow else [])]
+        result = dpro("record", "-o", run, "--skip", "4", "--warmup", "1", "--steps", "3", "--no-calibrate", "--",
+                      *TORCHRUN, "--nproc-per-node=2", JOBS / "disturbed_window.py", *job)
+        assert result.returncode == 0, result.stderr
+        replay, info = dpro("replay", run), dpro("info", run)
+        assert replay.returncode == 0 and info.returncode == 0, replay.stderr + info.stderr
+        window = json.loads(dpro("replay", run, "--json").stdout)["window"]
+        said = ["warning: the profiling window's steps ran" in out for out in (replay.stdout, info.stdout)]
+        assert said == [window["disturbed"]] * 2, (replay.stdout, info.stdout)
+        if window["disturbed"] == slow:
+            break
+        flagged.append((window["slowdown_pct"], steal_shares(open_run(run))))
+    assert window["disturbed"] == slow, f"flagged in every recording (slowdown %, stolen CPU): {flagged}"
     if slow:
         assert window["slowdown_pct"] > 50
 
