@@ -313,6 +313,11 @@ def test_alone_it_runs_its_own_processes_reports_and_remembers(tmp_path: Path) -
     all_reduce = next(c for c in job["checks"] if c["name"] == "collective.all_reduce")
     assert {m["name"] for m in all_reduce["metrics"]} >= {"busbw_gbps_1mb", "busbw_gbps_16mb"}
     assert (tmp_path / "night1" / "health.md").read_text().startswith("# dpro health: healthy")
+    # the CPU time the hypervisor took, read from the real /proc/stat: recorded, and on one host never judged
+    [host] = [n for n in report["nodes"] if n["host"] != "job"]
+    [cpu] = [c for c in host["checks"] if c["name"] == "cpu"]
+    assert cpu["status"] == "pass" and [m["name"] for m in cpu["metrics"]] == ["steal_pct"], cpu
+    assert 0 <= cpu["metrics"][0]["value"] <= 100 and cpu["metrics"][0]["higher_is_better"] is None
     # plotly.js once, beside the night's folder, where the next nights' pages find it
     [plotly] = tmp_path.glob("plotly-*.min.js")
     assert f"<script src='../{plotly.name}'" in (tmp_path / "night1" / "health.html").read_text()
@@ -330,6 +335,57 @@ def test_alone_it_runs_its_own_processes_reports_and_remembers(tmp_path: Path) -
     with History.open(db) as history:
         runs = history.runs()
     assert [r["verdict"] for r in runs] == ["degraded", "healthy"]
+
+
+def _proc_stat(path: Path, busy: int, steal: int) -> None:
+    """A written ``/proc/stat`` whose CPUs spent ``busy`` ticks in user time and ``steal`` stolen."""
+    path.write_text(f"cpu  {busy} 0 0 1000 0 0 0 {steal} 0 0\ncpu0 {busy} 0 0 1000 0 0 0 {steal} 0 0\n")
+
+
+def test_the_cpu_check_keeps_the_share_the_hypervisor_took_and_skips_a_kernel_without_steal(tmp_path: Path) -> None:
+    from dpro.anomaly.health.cpu import CpuWatch
+
+    stat = tmp_path / "stat"
+    _proc_stat(stat, 100, 10)
+    watch = CpuWatch(stat)
+    watch.start()
+    _proc_stat(stat, 400, 110)  # 300 ticks busy, 100 stolen
+    [check] = watch.finish()
+    assert check.status == "pass" and check.metrics[0].name == "steal_pct", check
+    assert check.metrics[0].value == pytest.approx(25.0) and not check.metrics[0].comparable
+    stat.write_text("cpu  1 2 3 4\n")  # before 2.6.11: no steal column
+    watch.start()
+    [check] = watch.finish()
+    assert check.status == "skip" and "no steal time" in check.message, check
+
+
+def test_a_host_that_lost_more_cpu_than_the_others_warns_and_its_suspects_say_so() -> None:
+    from dpro.anomaly.health.cpu import judge_steal
+    from dpro.anomaly.health.model import Check, HealthReport, Node
+    from dpro.anomaly.suspects import Suspect
+
+    def report(*shares: float) -> HealthReport:
+        return HealthReport("t0", "t1", [Node(f"h{i}", [Check("cpu", metrics=[Metric("steal_pct", 100 * s, "%")],
+                                                               evidence={"steal_share": s})])
+                                         for i, s in enumerate(shares)])
+
+    def warned(r: HealthReport) -> list[str]:
+        return [n.host for n in r.nodes if n.checks[0].status == "warn"]
+
+    stolen = report(0.31, 0.02, 0.03, 0.01)
+    nic = Suspect("nic", "h0/nic0", 5.0, host="h0")
+    judge_steal(stolen, [nic, Suspect("nic", "h1/nic0", 4.5, host="h1")])
+    assert warned(stolen) == ["h0"] and "the hypervisor took 31%" in stolen.nodes[0].checks[0].message
+    assert nic.evidence == {"steal_share": 0.31, "other_hosts_steal_share": 0.02}, nic.evidence
+    same = report(0.31, 0.30, 0.33)  # one contended machine (or cloud): no host stands out
+    judge_steal(same, [])
+    assert warned(same) == []
+    alone = report(0.5)  # one host: nothing to compare with
+    judge_steal(alone, [])
+    assert warned(alone) == []
+    barely = report(0.11, 0.02, 0.02)  # 9 points above the others'
+    judge_steal(barely, [])
+    assert warned(barely) == []
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""One rank's part of ``dpro health``: join the job, check this host's GPUs and NICs (the host's
-lowest rank does), run the collectives and the pairwise matrix, and on rank 0 judge everything
-and return the report.
+"""One rank's part of ``dpro health``: join the job, check this host's GPUs, NICs and the CPU
+time its hypervisor took (the host's lowest rank does), run the collectives and the pairwise
+matrix, and on rank 0 judge everything and return the report.
 
 Rank and world come from the environment a launcher sets: torchrun's ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, or Slurm's ``SLURM_PROCID``, ``SLURM_NTASKS``,
@@ -27,6 +27,7 @@ from dpro.anomaly.fabric.topology import probe_tiers, read_topology
 from dpro.anomaly.health.budget import Budget
 from dpro.anomaly.health.collective_bench import run_collectives
 from dpro.anomaly.health.config import HealthConfig, HealthConfigError
+from dpro.anomaly.health.cpu import CpuWatch, judge_steal
 from dpro.anomaly.health.gpu_checks import GpuWatch
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Node
 from dpro.anomaly.health.network import judge_network
@@ -72,10 +73,11 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         dist.all_gather_object(rank_hosts, host)
         tiers = _tiers(topology, rank_hosts) if topology is not None else []
         leader = dist.get_rank() in leaders(rank_hosts)
-        gpus, nics = GpuWatch(), NicWatch(sysfs_root)
+        gpus, nics, cpu = GpuWatch(), NicWatch(sysfs_root), CpuWatch()
         if leader:
             gpus.start()
             nics.start()
+            cpu.start()
         budget = Budget(config.time_budget_s)
         job_checks = run_collectives(config.collectives.ops, config.collectives.sizes_mb,
                                      config.collectives.iterations, device, config.collectives.seconds, budget)
@@ -89,7 +91,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         if again:
             job_checks.append(Check("pairwise.follow_up", "pass", f"{again} host pairs probed again where the first "
                                                                 f"sweep left a NIC, link or switch in doubt"))
-        node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() if leader else []
+        node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() + cpu.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((host, node_checks), gathered, dst=0)
         report = None
@@ -123,6 +125,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
                                     "rounds": len(np.unique(probes.round)), "sweeps": config.pairwise.sweeps}
     else:
         report.node(JOB).checks.append(Check("pairwise", "skip", "one host: no host pairs to probe"))
+    judge_steal(report, report.suspects)
     apply_rules(report, config, history)
     report.finished = _now()
     return report

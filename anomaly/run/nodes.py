@@ -8,9 +8,9 @@ and samples every GPU through NVML (``gpu-samples.csv``). A counter that counts 
 uncorrected ECC) and went up during the job makes its device a suspect; so does a GPU that
 spent at least half of its samples slowed by a hardware slowdown, a thermal limit or a power
 brake; so does a host whose hypervisor took (*steal* time, :mod:`dpro.collectors.counters.procstat`)
-at least :data:`STEAL_SHARE` (in points) more of the CPU time its CPUs wanted than it took on the
-run's other hosts (their median; none on a run of one host): hosts that share one machine, or a cluster
-contended all over, slow no host more than the others.
+at least 10 percentage points more of the CPU time its CPUs wanted than the run's other hosts
+(their median; on a run of one host, 10%; :mod:`dpro.anomaly.steal`): hosts that share one
+machine, or a cluster contended all over, slow no host more than the others.
 
 Scores are on the scale of the other analyses, where 4 is where something stands out: a
 faulty counter scores ``4 + log10(increase)``, a throttled GPU ``4 ×`` the share of its
@@ -24,26 +24,20 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
+from dpro.anomaly.steal import STEAL_SHARE, stolen_hosts
 from dpro.anomaly.suspects import Suspect
 from dpro.collectors.counters import Snapshot, diff
 from dpro.collectors.counters.catalog import FAULT_COUNTERS
 from dpro.collectors.counters.procstat import steal_share
 from dpro.run_format import Run
 
-__all__ = ["SLOWDOWN_REASONS", "STEAL_SHARE", "counter_faults", "gpu_samples", "steal_shares", "stolen_cpu",
+__all__ = ["SLOWDOWN_REASONS", "counter_faults", "gpu_samples", "steal_shares", "stolen_cpu",
            "throttled_gpus"]
 
 Z_MIN = 4.0
 MIN_THROTTLED_SHARE = 0.5
-STEAL_SHARE = 0.1
-"""How much more of the CPU time a host's CPUs wanted the hypervisor must have taken there than on
-the run's other hosts: 10 percentage points (the 2-vCPU VM this was built on lost 0.2-47% of two
-busy loops' CPU time, by the hour, and up to 36% of whole runs of the testbed's jobs, which then
-ran their steps 1.2-3.2x slower; 2026-11-29). On a run of one host, against none: a job that lost
-a tenth of its CPU is named."""
 SLOWDOWN_REASONS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
                     0x80: "hardware power brake"}
 """NVML's clock throttle reasons that mean the GPU is held back (``nvmlClocksThrottleReason*``;
@@ -100,18 +94,16 @@ def steal_shares(run: Run) -> dict[str, float]:
 
 
 def stolen_cpu(run: Run) -> list[Suspect]:
-    """A host suspect per node whose hypervisor took at least :data:`STEAL_SHARE` more of the CPU
-    time its CPUs wanted during the job than the median of the run's other nodes."""
+    """A host suspect per node whose stolen CPU stands out from the run's other nodes'
+    (:func:`dpro.anomaly.steal.stolen_hosts`)."""
     shares = steal_shares(run)
     out = []
-    for host, share in shares.items():
-        others = [v for h, v in shares.items() if h != host]
-        usual = float(np.median(others)) if others else 0.0
-        if share - usual >= STEAL_SHARE:
-            evidence = {"cause": "the hypervisor ran other work on the host's CPUs (steal time)",
-                        "steal_share": round(share, 3)}
-            if others:
-                evidence["other_hosts_steal_share"] = round(usual, 3)
-            out.append(Suspect("host", host, Z_MIN + math.log10((share - usual) / STEAL_SHARE), host=host,
-                               evidence=evidence))
+    for host, usual in stolen_hosts(shares).items():
+        share = shares[host]
+        evidence = {"cause": "the hypervisor ran other work on the host's CPUs (steal time)",
+                    "steal_share": round(share, 3)}
+        if len(shares) > 1:
+            evidence["other_hosts_steal_share"] = round(usual, 3)
+        out.append(Suspect("host", host, Z_MIN + math.log10((share - usual) / STEAL_SHARE), host=host,
+                           evidence=evidence))
     return sorted(out, key=lambda s: -s.score)
