@@ -33,6 +33,6 @@ def stolen_hosts(shares: Mapping[str, float]) -> dict[str, float]:
     for host, share in shares.items():
         others = [v for h, v in shares.items() if h != host]
         usual = float(np.median(others)) if others else 0.0
-        if share - usual >= STEAL_SHARE:
+        if share - usual >= STEAL_SHARE - 1e-9:  # at least: 0.12 - 0.02 is 0.0999... in floats
             out[host] = usual
     return out

@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -360,32 +361,36 @@ def test_the_cpu_check_keeps_the_share_the_hypervisor_took_and_skips_a_kernel_wi
 
 
 def test_a_host_that_lost_more_cpu_than_the_others_warns_and_its_suspects_say_so() -> None:
+    from dpro.anomaly.health.config import HealthConfig
     from dpro.anomaly.health.cpu import judge_steal
+    from dpro.anomaly.health.job import _judge
     from dpro.anomaly.health.model import Check, HealthReport, Node
     from dpro.anomaly.suspects import Suspect
 
-    def report(*shares: float) -> HealthReport:
-        return HealthReport("t0", "t1", [Node(f"h{i}", [Check("cpu", metrics=[Metric("steal_pct", 100 * s, "%")],
-                                                               evidence={"steal_share": s})])
-                                         for i, s in enumerate(shares)])
+    def cpu(share: float) -> Check:
+        return Check("cpu", metrics=[Metric("steal_pct", 100 * share, "%")], evidence={"steal_share": share})
+
+    def judged(*shares: float, suspects: list[Suspect] = ()) -> HealthReport:
+        report = HealthReport("t0", "t1", [Node(f"h{i}", [cpu(s)]) for i, s in enumerate(shares)], list(suspects))
+        judge_steal(report)
+        return report
 
     def warned(r: HealthReport) -> list[str]:
         return [n.host for n in r.nodes if n.checks[0].status == "warn"]
 
-    stolen = report(0.31, 0.02, 0.03, 0.01)
-    nic = Suspect("nic", "h0/nic0", 5.0, host="h0")
-    judge_steal(stolen, [nic, Suspect("nic", "h1/nic0", 4.5, host="h1")])
+    nic, other = Suspect("nic", "h0/nic0", 5.0, host="h0"), Suspect("nic", "h1/nic0", 4.5, host="h1")
+    stolen = judged(0.31, 0.02, 0.03, 0.01, suspects=[nic, other])
     assert warned(stolen) == ["h0"] and "the hypervisor took 31%" in stolen.nodes[0].checks[0].message
-    assert nic.evidence == {"steal_share": 0.31, "other_hosts_steal_share": 0.02}, nic.evidence
-    same = report(0.31, 0.30, 0.33)  # one contended machine (or cloud): no host stands out
-    judge_steal(same, [])
-    assert warned(same) == []
-    alone = report(0.5)  # one host: nothing to compare with
-    judge_steal(alone, [])
-    assert warned(alone) == []
-    barely = report(0.11, 0.02, 0.02)  # 9 points above the others'
-    judge_steal(barely, [])
-    assert warned(barely) == []
+    assert stolen.nodes[0].checks[0].evidence["other_hosts_steal_share"] == 0.02
+    assert nic.evidence == {"steal_share": 0.31, "other_hosts_steal_share": 0.02} and other.evidence == {}
+    assert warned(judged(0.31, 0.30, 0.33)) == []  # one contended machine (or cloud): no host stands out
+    assert warned(judged(0.5)) == []  # one host: nothing to compare with
+    assert warned(judged(0.11, 0.02, 0.02)) == []  # 9 points above the others'
+    assert warned(judged(0.12, 0.02, 0.02)) == ["h0"]  # 10 points: 0.0999... in floats, named
+    # the check's judge calls it: gathered from each host's leader, judged on rank 0
+    report = _judge(HealthConfig(), None, "t0", ["a", "b", "c"], [("a", [cpu(0.4)]), ("b", [cpu(0.01)]),
+                                                                  ("c", [cpu(0.02)])], [], None, None, "gloo")
+    assert [n.host for n in report.nodes if any(c.status == "warn" for c in n.checks)] == ["a"], report.nodes
 
 
 @pytest.fixture(scope="module")
@@ -657,19 +662,25 @@ def _health_on_a_routed_fabric(tmp_path: Path, routes: str, pairwise: str) -> di
 
 
 def _routed_check_naming_no_host(tmp_path: Path, routes: str, pairwise: str) -> tuple[dict, Path]:
-    """:func:`_health_on_a_routed_fabric`, checked again once where it named a host or NIC (the
-    2 shared cores' probes are noisy, more so on a loaded CI machine), and its folder; fails
-    where both checks named one, with what they named and the CPU the hypervisor took."""
+    """:func:`_health_on_a_routed_fabric`, made again once where it named a host or NIC, and the
+    folder of the check kept. The 2 shared cores' probes are noisy: a loaded CI machine's check
+    named one beside the uplink once (at 18101d1), and of the 60 routed runs kept and replayed
+    (docs/health/README.md, "Still open") ECMP run 9 names ``dfab-h4``'s NIC and ``leaf2``'s
+    uplinks beside it, a miss of the localizer left open. A check made again warns (``-ra``
+    lists it) with what the first named and the CPU the hypervisor took meanwhile; its folder,
+    ``probes.csv`` with it, stays in ``tmp_path``. Fails where both named one."""
     named = []
     for attempt in range(2):
         folder = tmp_path / f"check{attempt}"
         folder.mkdir()
         before, _ = read_cpu_times()
         report = _health_on_a_routed_fabric(folder, routes, pairwise)
-        hosts = [(s["kind"], s["name"], round(s["score"], 2)) for s in report["suspects"] if s["kind"] != "link"]
+        hosts = [(s["kind"], s["name"], round(s["score"], 2)) for s in report["suspects"]
+                 if s["kind"] in ("host", "nic")]
         if not hosts:
             return report, folder
-        named.append({"named": hosts, "stolen_cpu": steal_share(before, read_cpu_times()[0])})
+        named.append({"named": hosts, "stolen_cpu": steal_share(before, read_cpu_times()[0]), "folder": str(folder)})
+        warnings.warn(f"the routed health check named a host or NIC, made again: {named[-1]}", stacklevel=2)
     pytest.fail(f"both checks named a host or NIC: {named}")
 
 
@@ -684,14 +695,15 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
     were needed and missed with odds of 1 in 65). Each probe measured once: here a probe is
     bound by the 2 shared cores, and rank 0's host (the store, the barriers' root) is the
     busiest, a bias that the medians of short repeats bring past the threshold (8 repeats named
-    its NIC too in 2 of 3 runs of 10 ms repeats and 1 of 2 of 50 ms). Even so a loaded CI
-    machine's check named a host beside the uplink once: a check that names one is made again."""
+    its NIC too in 2 of 3 runs of 10 ms repeats and 1 of 2 of 50 ms). A check that names a host
+    or NIC even so is made again once, with a warning (:func:`_routed_check_naming_no_host`)."""
     report, _ = _routed_check_naming_no_host(tmp_path, "ecmp", "pairwise: {seconds: 0.08, sweeps: 1}")
     assert report["suspects"], report["pairwise"]
     first = report["suspects"][0]
     named = {first["name"], *first["evidence"]["same_as"]}
     assert first["kind"] == "link" and "leaf0->spine0" in named, report["suspects"]
     assert named <= {"leaf0->spine0", "leaf0->spine1"}  # leaf0's uplinks: no probe tells them apart
+    assert all(s["kind"] == "link" for s in report["suspects"]), report["suspects"]
     assert all(n["verdict"] == "healthy" for n in report["nodes"] if n["host"] != "job"), \
         [(n["host"], [c["message"] for c in n["checks"] if c["status"] != "pass"]) for n in report["nodes"]]
     # the drop is diluted by the probes ECMP may have sent over leaf0's other uplink: either grade, as it says

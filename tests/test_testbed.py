@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -197,7 +198,8 @@ def test_a_disturbed_profiling_window_is_flagged(tmp_path, slow):
     """A window whose steps hold 40 ms more is flagged, an undisturbed one is not. The machine
     may disturb a window too (a loaded CI's window ran 36% slower, its hypervisor's share
     unrecorded): an undisturbed job's flagged window is recorded again, as the warning tells a
-    user, up to :data:`WINDOW_TRIES` recordings, each flagged one printed with its stolen CPU."""
+    user, up to :data:`WINDOW_TRIES` recordings, each flagged one warned of (``-ra`` lists it)
+    with its stolen CPU."""
     from dpro.anomaly.run.nodes import steal_shares
     from dpro.run_format import open_run
 
@@ -215,8 +217,10 @@ def test_a_disturbed_profiling_window_is_flagged(tmp_path, slow):
         assert said == [window["disturbed"]] * 2, (replay.stdout, info.stdout)
         if window["disturbed"] == slow:
             break
-        flagged.append((window["slowdown_pct"], steal_shares(open_run(run))))
-    assert window["disturbed"] == slow, f"flagged in every recording (slowdown %, stolen CPU): {flagged}"
+        flagged.append({"slowdown_pct": round(window["slowdown_pct"], 1), "stolen_cpu": steal_shares(open_run(run))})
+        warnings.warn(f"an undisturbed job's profiling window was flagged, recorded again: {flagged[-1]}")
+    assert window["disturbed"] == slow, (f"flagged in every recording: {flagged}" if flagged else
+                                         f"a window 40 ms a step slower not flagged: {window}")
     if slow:
         assert window["slowdown_pct"] > 50
 

@@ -125,7 +125,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
                                     "rounds": len(np.unique(probes.round)), "sweeps": config.pairwise.sweeps}
     else:
         report.node(JOB).checks.append(Check("pairwise", "skip", "one host: no host pairs to probe"))
-    judge_steal(report, report.suspects)
+    judge_steal(report)
     apply_rules(report, config, history)
     report.finished = _now()
     return report

@@ -14,8 +14,8 @@ machine, or a cluster contended all over, slow no host more than the others.
 
 Scores are on the scale of the other analyses, where 4 is where something stands out: a
 faulty counter scores ``4 + log10(increase)``, a throttled GPU ``4 ×`` the share of its
-samples it spent throttled (so 2 to 4), a host's stolen CPU ``4 + log10(excess / STEAL_SHARE)``
-(4 at :data:`STEAL_SHARE`, 5 where the hypervisor took all of it).
+samples it spent throttled (so 2 to 4), a host's stolen CPU ``4 + log10(excess / 0.1)`` (4 at
+:data:`dpro.anomaly.steal.STEAL_SHARE`, 5 where the hypervisor took all of it).
 
     >>> counter_faults(run), throttled_gpus(gpu_samples(run)), stolen_cpu(run)   # doctest: +SKIP
 """
