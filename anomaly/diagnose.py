@@ -27,9 +27,9 @@ def diagnose(run: RunAnalysis | None = None, probe_matrix: Any = None, topology:
     slow steps from its step times, hosts whose share of the job's own TCP traffic was slow
     (:mod:`dpro.anomaly.run.traffic_matrix`), devices whose fault counters went up, GPUs that
     throttled and hosts whose hypervisor took their CPUs (:mod:`dpro.anomaly.run.nodes`).
-    ``probe_matrix``: pairwise probes
-    (:class:`dpro.anomaly.fabric.probes.Probes`, an ``n × n`` bandwidth matrix whose hosts are
-    the topology's, or a file for :func:`dpro.anomaly.fabric.probes.read_probes`).
+    ``probe_matrix``: pairwise probes (:class:`dpro.anomaly.fabric.probes.Probes`, an ``n × n``
+    bandwidth matrix whose hosts are the topology's, or a file for
+    :func:`dpro.anomaly.fabric.probes.read_probes`).
     ``topology``: a graph or a file for :func:`dpro.anomaly.fabric.topology.read_topology`;
     with probes, the fabric's localizer (:mod:`dpro.anomaly.fabric.localize`) names NICs,
     links and switches one direction at a time, else the probe matrix alone names hosts and
