@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -120,12 +122,14 @@ def test_interleaved_runs_rounds_in_fresh_orders_and_records_sources_once(tmp_pa
     assert spread_pct([100.0, 103.0, 101.0]) == pytest.approx(3.0)
 
 
-def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again(monkeypatch):
+def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again_once_the_cpu_is_back(monkeypatch):
     # No hypervisor here steals on demand: /proc/stat's reader is a fake that, around each run,
-    # counts 100 ticks busy and the next of ``stolen`` (in ticks) stolen
+    # counts 100 ticks busy and the next of ``stolen`` (in ticks) stolen; the spins before a run
+    # made again read the next of ``spins``, on a clock that only the waits move
     from benchmarks.testbed import protocol
 
     stolen, clock = [300, 100, 2], {"busy": 0, "steal": 0}
+    spins, now = [0.4, 0.2, 0.01, 0.03], {"s": 0.0}
 
     def times():
         return {**dict.fromkeys(("nice", "system", "idle", "iowait", "irq", "softirq"), 0),
@@ -136,15 +140,40 @@ def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again(monkeypatch):
         clock["steal"] += stolen.pop(0)
         return float(len(stolen))
 
+    def spin(seconds):
+        now["s"] += seconds
+        return spins.pop(0)
+
     monkeypatch.setattr(protocol, "read_cpu_times", times)
+    monkeypatch.setattr(protocol, "spin_stolen_share", spin)
+    monkeypatch.setattr(protocol, "time", SimpleNamespace(monotonic=lambda: now["s"],
+                                                          sleep=lambda s: now.update(s=now["s"] + s)))
     bed = protocol.Testbed(log=lambda m: None)
     config = Config("c", draw_job(1), 100)
     assert bed._unstolen(config, "measuring", run) == (0, pytest.approx(2 / 102))  # the third run, 2% stolen
     assert [str(s) for s in bed.stolen] == ["measuring c: 75% of the CPU stolen, 2.0 ms",
                                             "measuring c: 50% of the CPU stolen, 1.0 ms"]
-    stolen[:] = [300, 300, 300]
+    wait = protocol.SPIN_S + protocol.STEAL_POLL_S
+    assert bed.waits == [(pytest.approx(3 * wait - protocol.STEAL_POLL_S), 0.01), (protocol.SPIN_S, 0.03)]
+    assert spins == [] and "waits for the hypervisor to give the CPU back before them: 2" in bed.repeated()[-1]
+
+    stolen[:], spins[:] = [300, 300, 300], [0.5] * 200  # a hypervisor that never gives it back
     assert bed._unstolen(config, "recording", run) == (0, pytest.approx(0.75))  # the last kept, however stolen
     assert len(bed.stolen) == 4 and stolen == []
+    assert [w >= protocol.STEAL_WAIT_S and s == 0.5 for w, s in bed.waits[2:]] == [True, True]
+    assert bed.repeated()[-1].endswith(f"; 2 gave up after {protocol.STEAL_WAIT_S:g} s")
+
+
+def test_a_spin_of_every_cpu_reads_the_share_the_hypervisor_took():
+    from benchmarks.testbed.protocol import spin_stolen_share
+    from dpro.collectors.counters.procstat import read_cpu_times
+
+    if read_cpu_times()[1]:
+        pytest.skip(read_cpu_times()[1])
+    start = time.monotonic()
+    share = spin_stolen_share(0.3)
+    assert time.monotonic() - start >= 0.3
+    assert share is not None and 0.0 <= share <= 1.0
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ host count for its whole life and re-shapes the links (``tc tbf`` with a small b
   VM the testbed was built on, the same FSDP job measured 504-512 ms a step in runs that lost
   under 1% and 734-856 ms in runs that lost 24-33% (2026-11-29), so a run that lost more than
   :data:`STEAL_MAX` is run again, up to :data:`STEAL_RETRIES` times (the last one kept), and
-  so is a recording (:attr:`Testbed.stolen` lists each).
+  so is a recording (:attr:`Testbed.stolen` lists each). Before each run made again the testbed
+  waits for the hypervisor to give the CPU back: it spins every CPU for :data:`SPIN_S` until a
+  spin loses at most :data:`STEAL_MAX`, for at most :data:`STEAL_WAIT_S` (:attr:`Testbed.waits`);
+  a retry at once fell in the same spell (seed 6375's third tries lost 13-26%).
 - :meth:`Testbed.record` records it with ``dpro record`` (calibrated, as users record).
 - :func:`interleaved` measures every configuration ``repeats`` times, a round at a time, each
   round in a new random order, so that a slow spell of the machine falls on many
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import random
 import statistics
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,8 +43,8 @@ from dpro.collectors.counters.procstat import read_cpu_times, steal_share
 
 T = TypeVar("T")
 
-__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spread_pct",
-           "stolen_pct", "JOB", "SKIP_STEPS"]
+__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spin_stolen_share",
+           "spread_pct", "stolen_pct", "JOB", "SKIP_STEPS"]
 
 JOB = Path(__file__).with_name("job.py")
 EXAMPLE_CNN = (str(Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"), "--arch", "cnn", "--steps", "20")
@@ -50,6 +55,9 @@ RECORD_WINDOW = ["--skip", "10", "--warmup", "2", "--steps", "5"]
 RETRIES = 1  # a run whose rendezvous failed is run once more
 STEAL_MAX = 0.05
 STEAL_RETRIES = 2
+SPIN_S = 2.0  # one spin of every CPU, read for the hypervisor's share before a run made again
+STEAL_POLL_S = 15.0  # the pause between spins while the share is over STEAL_MAX
+STEAL_WAIT_S = 900.0  # the longest wait: then the run is made again anyway, and the log says so
 BURST_MS = 1.0
 """The links' token bucket, in ms at their rate. A NIC has none: with tbf's 10 ms (375 KB at
 300 Mb/s) a call that fit the bucket, refilled during the compute before it, crossed at the
@@ -130,6 +138,7 @@ class Testbed:
         self.steal: dict[str, list[float | None]] = {}  # per configuration, each kept measurement's stolen share
         self.stolen: list[Stolen] = []  # the runs run again for the CPU the hypervisor took
         self.steal_retries = steal_retries
+        self.waits: list[tuple[float, float | None]] = []  # before each run made again: seconds waited, the last spin's share
 
     def __enter__(self) -> Testbed:
         return self
@@ -165,10 +174,19 @@ class Testbed:
         raise RuntimeError(f"{what} {config.name}: " + " | ".join(r.stderr.strip()[-400:] for r in done))
 
     def repeated(self) -> list[str]:
-        """What was run again, one line per reason (a failed start, the CPU the hypervisor took)."""
-        return ([f"runs repeated after a failed start: {', '.join(self.retried)}"] if self.retried else []) + (
-            [f"runs repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
-             f"{', '.join(map(str, self.stolen))}"] if self.stolen else [])
+        """What was run again, one line per reason (a failed start, the CPU the hypervisor took),
+        and the waits for the CPU before the runs made again."""
+        lines = [f"runs repeated after a failed start: {', '.join(self.retried)}"] if self.retried else []
+        if self.stolen:
+            lines.append(f"runs repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
+                         f"{', '.join(map(str, self.stolen))}")
+        if self.waits:
+            late = [s for _, s in self.waits if s is not None and s > STEAL_MAX]
+            lines.append(f"waits for the hypervisor to give the CPU back before them: {len(self.waits)}, "
+                         f"{sum(w for w, _ in self.waits):.0f} s in all, the longest "
+                         f"{max(w for w, _ in self.waits):.0f} s"
+                         + (f"; {len(late)} gave up after {STEAL_WAIT_S:g} s" if late else ""))
+        return lines
 
     def measure(self, config: Config | LocalJob) -> float:
         """The median step time (ms) of one run with no profiler, after its first :data:`SKIP_STEPS`;
@@ -179,14 +197,27 @@ class Testbed:
 
     def _unstolen(self, config: Config | LocalJob, what: str, run: Callable[[], T]) -> tuple[T, float | None]:
         """``run()``'s result and the share of the CPU time wanted meanwhile that the hypervisor
-        took; run again while that is over :data:`STEAL_MAX`, up to ``steal_retries`` times."""
+        took; run again while that is over :data:`STEAL_MAX`, up to ``steal_retries`` times, each
+        time once the hypervisor gave the CPU back (:meth:`_wait_for_cpu`)."""
         for _ in range(self.steal_retries):
             out, share = _stolen_during(run)
             if share is None or share <= STEAL_MAX:
                 return out, share
             self.stolen.append(Stolen(what, config.name, share, out))
-            self.log(f"testbed: {self.stolen[-1]}; once more")
+            self.log(f"testbed: {self.stolen[-1]}; once more, once the CPU is back")
+            self._wait_for_cpu()
         return _stolen_during(run)
+
+    def _wait_for_cpu(self) -> None:
+        """Spin every CPU (:func:`spin_stolen_share`) every :data:`STEAL_POLL_S` until a spin loses at
+        most :data:`STEAL_MAX` to the hypervisor, or :data:`STEAL_WAIT_S` passed."""
+        start = time.monotonic()
+        while (share := spin_stolen_share(SPIN_S)) is not None and share > STEAL_MAX:
+            if time.monotonic() - start >= STEAL_WAIT_S:
+                self.log(f"testbed: the hypervisor still took {100 * share:.0f}% after {STEAL_WAIT_S:g} s; on anyway")
+                break
+            time.sleep(STEAL_POLL_S)
+        self.waits.append((time.monotonic() - start, share))
 
     def _measure(self, config: Config | LocalJob) -> float:
         from tools.testing.netns import torchrun_across_hosts
@@ -243,6 +274,17 @@ def _stolen_during(run: Callable[[], T]) -> tuple[T, float | None]:
     before, _ = read_cpu_times()
     out = run()
     return out, steal_share(before, read_cpu_times()[0])
+
+
+def spin_stolen_share(seconds: float) -> float | None:
+    """Spin every CPU for ``seconds`` (one busy process each) and return the share of that time
+    the hypervisor took; None where ``/proc/stat`` has no steal."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    before, _ = read_cpu_times()
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    for p in spinners:
+        p.wait()
+    return steal_share(before, read_cpu_times()[0])
 
 
 def interleaved(testbed: Testbed, configs: Iterable[Config | LocalJob], repeats: int, seed: int,
