@@ -665,25 +665,30 @@ ROUTED_TRIES = 3
 
 
 def _routed_check_naming_only_links(tmp_path: Path, routes: str, pairwise: str) -> tuple[dict, Path]:
-    """:func:`_health_on_a_routed_fabric`, made again where it named anything but a link (a host,
-    NIC or switch), up to :data:`ROUTED_TRIES` checks, the folder of each kept. The 2 shared
-    cores' probes are noisy: a loaded CI machine's check named a host or NIC beside the uplink
-    once (at 18101d1) and switch ``leaf2`` once (at 960068e), and of the 60 routed runs kept and
-    replayed (docs/health/README.md, "Still open") ECMP run 9 names ``dfab-h4``'s NIC and
-    ``leaf2``'s uplinks beside it, a miss of the localizer left open. A check made again warns
-    (``-ra`` lists it) with what it named and the CPU the hypervisor took meanwhile; its folder,
-    ``probes.csv`` with it, stays in ``tmp_path``. Fails where every check named one."""
+    """:func:`_health_on_a_routed_fabric`, made again where it named a link first and anything but
+    links beside it (a host, NIC or switch), up to :data:`ROUTED_TRIES` checks, the folder of
+    each kept. A check that names anything else first is returned as it is, for the test to
+    fail: naming a switch in place of its uplink was a mended fault of the localizer ("the
+    narrowest class" in docs/health/README.md). The 2 shared cores' probes are noisy: a loaded
+    CI's check named a host or NIC beside the uplink once (at 18101d1) and switch ``leaf2`` once
+    (at 960068e), and of the 60 routed runs kept and replayed (docs/health/README.md, "Still
+    open") ECMP run 9 names ``dfab-h4``'s NIC and ``leaf2``'s uplinks beside it, a miss of the
+    localizer left open. A check made again warns (``-ra`` lists it) with what it named and the
+    CPU the hypervisor took meanwhile; its folder, ``probes.csv`` with it, stays in
+    ``tmp_path``. Fails where every check named more than links."""
     named = []
     for attempt in range(ROUTED_TRIES):
         folder = tmp_path / f"check{attempt}"
         folder.mkdir()
         before, _ = read_cpu_times()
         report = _health_on_a_routed_fabric(folder, routes, pairwise)
-        others = [(s["kind"], s["name"], round(s["score"], 2)) for s in report["suspects"] if s["kind"] != "link"]
-        if not others:
+        suspects = report["suspects"]
+        others = [(s["kind"], s["name"], round(s["score"], 2)) for s in suspects[1:] if s["kind"] != "link"]
+        if not suspects or suspects[0]["kind"] != "link" or not others:
             return report, folder
         named.append({"named": others, "stolen_cpu": steal_share(before, read_cpu_times()[0]), "folder": str(folder)})
-        warnings.warn(f"the routed health check named more than links, made again: {named[-1]}", stacklevel=2)
+        warnings.warn(f"the routed health check named more than links beside the first, made again: {named[-1]}",
+                      stacklevel=2)
     pytest.fail(f"every check named more than links: {named}")
 
 
@@ -699,7 +704,8 @@ def test_on_a_routed_fabric_the_slow_direction_of_a_leaf_uplink_is_named_not_a_h
     bound by the 2 shared cores, and rank 0's host (the store, the barriers' root) is the
     busiest, a bias that the medians of short repeats bring past the threshold (8 repeats named
     its NIC too in 2 of 3 runs of 10 ms repeats and 1 of 2 of 50 ms). A check that names more
-    than links even so is made again, with a warning (:func:`_routed_check_naming_only_links`)."""
+    than links beside the uplink even so is made again, with a warning
+    (:func:`_routed_check_naming_only_links`)."""
     report, _ = _routed_check_naming_only_links(tmp_path, "ecmp", "pairwise: {seconds: 0.08, sweeps: 1}")
     assert report["suspects"], report["pairwise"]
     first = report["suspects"][0]

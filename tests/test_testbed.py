@@ -4,9 +4,9 @@ the frozen-model check; and the disturbed profiling window flagged by dpro."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
-import time
 import warnings
 from types import SimpleNamespace
 
@@ -125,17 +125,18 @@ def test_interleaved_runs_rounds_in_fresh_orders_and_records_sources_once(tmp_pa
 def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again_once_the_cpu_is_back(monkeypatch):
     # No hypervisor here steals on demand: /proc/stat's reader is a fake that, around each run,
     # counts 100 ticks busy and the next of ``stolen`` (in ticks) stolen; the spins before a run
-    # made again read the next of ``spins``, on a clock that only the waits move
+    # made again read the next of ``spins``, on a clock that only the spins and pauses move
     from benchmarks.testbed import protocol
 
     stolen, clock = [300, 100, 2], {"busy": 0, "steal": 0}
-    spins, now = [0.4, 0.2, 0.01, 0.03], {"s": 0.0}
+    spins, now, started, logged = [0.4, 0.2, 0.01, 0.03], {"s": 0.0}, [], []
 
     def times():
         return {**dict.fromkeys(("nice", "system", "idle", "iowait", "irq", "softirq"), 0),
                 "user": clock["busy"], "steal": clock["steal"]}, None
 
     def run():
+        started.append(now["s"])
         clock["busy"] += 100
         clock["steal"] += stolen.pop(0)
         return float(len(stolen))
@@ -148,32 +149,41 @@ def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again_once_the_cpu_is_bac
     monkeypatch.setattr(protocol, "spin_stolen_share", spin)
     monkeypatch.setattr(protocol, "time", SimpleNamespace(monotonic=lambda: now["s"],
                                                           sleep=lambda s: now.update(s=now["s"] + s)))
-    bed = protocol.Testbed(log=lambda m: None)
+    bed = protocol.Testbed(log=logged.append)
     config = Config("c", draw_job(1), 100)
     assert bed._unstolen(config, "measuring", run) == (0, pytest.approx(2 / 102))  # the third run, 2% stolen
     assert [str(s) for s in bed.stolen] == ["measuring c: 75% of the CPU stolen, 2.0 ms",
                                             "measuring c: 50% of the CPU stolen, 1.0 ms"]
-    wait = protocol.SPIN_S + protocol.STEAL_POLL_S
-    assert bed.waits == [(pytest.approx(3 * wait - protocol.STEAL_POLL_S), 0.01), (protocol.SPIN_S, 0.03)]
-    assert spins == [] and "waits for the hypervisor to give the CPU back before them: 2" in bed.repeated()[-1]
+    first = 3 * protocol.SPIN_S + 2 * protocol.STEAL_POLL_S  # three spins, two pauses
+    assert bed.waits == [protocol.Wait(first, 3, 0.01, False), protocol.Wait(protocol.SPIN_S, 1, 0.03, False)]
+    assert started == [0.0, first, first + protocol.SPIN_S]  # each rerun after its wait
+    assert spins == [] and bed.repeated()[-1].startswith("checks of the CPU before them: 2, ")
 
     stolen[:], spins[:] = [300, 300, 300], [0.5] * 200  # a hypervisor that never gives it back
     assert bed._unstolen(config, "recording", run) == (0, pytest.approx(0.75))  # the last kept, however stolen
     assert len(bed.stolen) == 4 and stolen == []
-    assert [w >= protocol.STEAL_WAIT_S and s == 0.5 for w, s in bed.waits[2:]] == [True, True]
-    assert bed.repeated()[-1].endswith(f"; 2 gave up after {protocol.STEAL_WAIT_S:g} s")
+    assert [(w.seconds >= protocol.STEAL_WAIT_S, w.share, w.gave_up) for w in bed.waits[2:]] == [(True, 0.5, True)] * 2
+    assert sum("on anyway" in m for m in logged) == 2
+    assert bed.repeated()[-1].endswith(f"; 2 went on after {protocol.STEAL_WAIT_S:g} s, still over 5%")
+
+    stolen[:], spins[:] = [300, 0], [None]  # no steal in /proc/stat: nothing to wait for
+    bed._unstolen(config, "measuring", run)
+    assert bed.waits[-1] == protocol.Wait(protocol.SPIN_S, 1, None, False)
 
 
-def test_a_spin_of_every_cpu_reads_the_share_the_hypervisor_took():
+def test_a_spin_keeps_every_cpu_busy_and_reads_the_share_the_hypervisor_took():
     from benchmarks.testbed.protocol import spin_stolen_share
-    from dpro.collectors.counters.procstat import read_cpu_times
+    from dpro.collectors.counters.procstat import BUSY_STATES, read_cpu_times
 
-    if read_cpu_times()[1]:
-        pytest.skip(read_cpu_times()[1])
-    start = time.monotonic()
-    share = spin_stolen_share(0.3)
-    assert time.monotonic() - start >= 0.3
-    assert share is not None and 0.0 <= share <= 1.0
+    before, missing = read_cpu_times()
+    if missing:
+        pytest.skip(missing)
+    share = spin_stolen_share(0.5)
+    after = read_cpu_times()[0]
+    ticks = sum(after[s] - before[s] for s in (*BUSY_STATES, "steal"))
+    wanted = len(os.sched_getaffinity(0)) * 0.5 * os.sysconf("SC_CLK_TCK")
+    assert ticks >= 0.8 * wanted, (ticks, wanted)  # every CPU busy, not a sleep
+    assert share == pytest.approx((after["steal"] - before["steal"]) / ticks, abs=0.1)
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ host count for its whole life and re-shapes the links (``tc tbf`` with a small b
   under 1% and 734-856 ms in runs that lost 24-33% (2026-11-29), so a run that lost more than
   :data:`STEAL_MAX` is run again, up to :data:`STEAL_RETRIES` times (the last one kept), and
   so is a recording (:attr:`Testbed.stolen` lists each). Before each run made again the testbed
-  waits for the hypervisor to give the CPU back: it spins every CPU for :data:`SPIN_S` until a
-  spin loses at most :data:`STEAL_MAX`, for at most :data:`STEAL_WAIT_S` (:attr:`Testbed.waits`);
-  a retry at once fell in the same spell (seed 6375's third tries lost 13-26%).
+  waits for the hypervisor to give the CPU back: it spins every CPU for :data:`SPIN_S`, pausing
+  :data:`STEAL_POLL_S` between spins, until one loses at most :data:`STEAL_MAX`, and goes on
+  anyway once :data:`STEAL_WAIT_S` passed (:attr:`Testbed.waits`); a run made again at once
+  fell in the same spell (seed 6375's third tries lost 13-26%).
 - :meth:`Testbed.record` records it with ``dpro record`` (calibrated, as users record).
 - :func:`interleaved` measures every configuration ``repeats`` times, a round at a time, each
   round in a new random order, so that a slow spell of the machine falls on many
@@ -26,9 +27,9 @@ host count for its whole life and re-shapes the links (``tc tbf`` with a small b
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
-import os
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,8 @@ from dpro.collectors.counters.procstat import read_cpu_times, steal_share
 
 T = TypeVar("T")
 
-__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "ddp_flags", "interleaved", "spin_stolen_share",
-           "spread_pct", "stolen_pct", "JOB", "SKIP_STEPS"]
+__all__ = ["STEAL_MAX", "Config", "LocalJob", "Stolen", "Testbed", "Wait", "ddp_flags", "interleaved",
+           "spin_stolen_share", "spread_pct", "stolen_pct", "JOB", "SKIP_STEPS"]
 
 JOB = Path(__file__).with_name("job.py")
 EXAMPLE_CNN = (str(Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"), "--arch", "cnn", "--steps", "20")
@@ -57,7 +58,7 @@ STEAL_MAX = 0.05
 STEAL_RETRIES = 2
 SPIN_S = 2.0  # one spin of every CPU, read for the hypervisor's share before a run made again
 STEAL_POLL_S = 15.0  # the pause between spins while the share is over STEAL_MAX
-STEAL_WAIT_S = 900.0  # the longest wait: then the run is made again anyway, and the log says so
+STEAL_WAIT_S = 900.0  # no spin after this: the run is made again anyway, and the log says so
 BURST_MS = 1.0
 """The links' token bucket, in ms at their rate. A NIC has none: with tbf's 10 ms (375 KB at
 300 Mb/s) a call that fit the bucket, refilled during the compute before it, crossed at the
@@ -138,7 +139,7 @@ class Testbed:
         self.steal: dict[str, list[float | None]] = {}  # per configuration, each kept measurement's stolen share
         self.stolen: list[Stolen] = []  # the runs run again for the CPU the hypervisor took
         self.steal_retries = steal_retries
-        self.waits: list[tuple[float, float | None]] = []  # before each run made again: seconds waited, the last spin's share
+        self.waits: list[Wait] = []  # before each run made again
 
     def __enter__(self) -> Testbed:
         return self
@@ -181,11 +182,13 @@ class Testbed:
             lines.append(f"runs repeated for the CPU the hypervisor took (over {100 * STEAL_MAX:g}%): "
                          f"{', '.join(map(str, self.stolen))}")
         if self.waits:
-            late = [s for _, s in self.waits if s is not None and s > STEAL_MAX]
-            lines.append(f"waits for the hypervisor to give the CPU back before them: {len(self.waits)}, "
-                         f"{sum(w for w, _ in self.waits):.0f} s in all, the longest "
-                         f"{max(w for w, _ in self.waits):.0f} s"
-                         + (f"; {len(late)} gave up after {STEAL_WAIT_S:g} s" if late else ""))
+            gave_up = sum(w.gave_up for w in self.waits)
+            lines.append(f"checks of the CPU before them: {len(self.waits)}, "
+                         f"{sum(w.seconds for w in self.waits):.0f} s in all "
+                         f"({sum(w.spins for w in self.waits)} spins of {SPIN_S:g} s), "
+                         f"the longest {max(w.seconds for w in self.waits):.0f} s"
+                         + (f"; {gave_up} went on after {STEAL_WAIT_S:g} s, still over {100 * STEAL_MAX:g}%"
+                            if gave_up else ""))
         return lines
 
     def measure(self, config: Config | LocalJob) -> float:
@@ -209,15 +212,18 @@ class Testbed:
         return _stolen_during(run)
 
     def _wait_for_cpu(self) -> None:
-        """Spin every CPU (:func:`spin_stolen_share`) every :data:`STEAL_POLL_S` until a spin loses at
-        most :data:`STEAL_MAX` to the hypervisor, or :data:`STEAL_WAIT_S` passed."""
-        start = time.monotonic()
+        """Spin every CPU (:func:`spin_stolen_share`), pausing :data:`STEAL_POLL_S` between spins,
+        until a spin loses at most :data:`STEAL_MAX` to the hypervisor or :data:`STEAL_WAIT_S`
+        passed; the wait goes to :attr:`waits`."""
+        start, spins = time.monotonic(), 1
         while (share := spin_stolen_share(SPIN_S)) is not None and share > STEAL_MAX:
             if time.monotonic() - start >= STEAL_WAIT_S:
                 self.log(f"testbed: the hypervisor still took {100 * share:.0f}% after {STEAL_WAIT_S:g} s; on anyway")
-                break
+                self.waits.append(Wait(time.monotonic() - start, spins, share, gave_up=True))
+                return
             time.sleep(STEAL_POLL_S)
-        self.waits.append((time.monotonic() - start, share))
+            spins += 1
+        self.waits.append(Wait(time.monotonic() - start, spins, share, gave_up=False))
 
     def _measure(self, config: Config | LocalJob) -> float:
         from tools.testing.netns import torchrun_across_hosts
@@ -269,6 +275,18 @@ class Stolen:
         return f"{self.what} {self.name}: {100 * self.share:.0f}% of the CPU stolen{got}"
 
 
+@dataclass(frozen=True)
+class Wait:
+    """A wait for the CPU before a run made again: its length (s, the spins' included), the
+    spins, the last one's stolen share (None where unknown), whether it went on still over
+    :data:`STEAL_MAX`."""
+
+    seconds: float
+    spins: int
+    share: float | None
+    gave_up: bool
+
+
 def _stolen_during(run: Callable[[], T]) -> tuple[T, float | None]:
     """``run()``'s result and the share of the CPU time wanted meanwhile that the hypervisor took."""
     before, _ = read_cpu_times()
@@ -277,13 +295,21 @@ def _stolen_during(run: Callable[[], T]) -> tuple[T, float | None]:
 
 
 def spin_stolen_share(seconds: float) -> float | None:
-    """Spin every CPU for ``seconds`` (one busy process each) and return the share of that time
-    the hypervisor took; None where ``/proc/stat`` has no steal."""
+    """Spin every CPU this process may run on for ``seconds`` (one busy process each) and return
+    the share of that time the hypervisor took; None where ``/proc/stat`` has no steal."""
     spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
     before, _ = read_cpu_times()
-    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
-    for p in spinners:
-        p.wait()
+    spinners: list[subprocess.Popen] = []
+    try:
+        for _ in range(len(os.sched_getaffinity(0))):
+            spinners.append(subprocess.Popen([sys.executable, "-c", spin]))
+        for p in spinners:
+            p.wait()
+    finally:
+        for p in spinners:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return steal_share(before, read_cpu_times()[0])
 
 
