@@ -155,7 +155,8 @@ def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again_once_the_cpu_is_bac
     assert [str(s) for s in bed.stolen] == ["measuring c: 75% of the CPU stolen, 2.0 ms",
                                             "measuring c: 50% of the CPU stolen, 1.0 ms"]
     first = 3 * protocol.SPIN_S + 2 * protocol.STEAL_POLL_S  # three spins, two pauses
-    assert bed.waits == [protocol.Wait(first, 3, 0.01, False), protocol.Wait(protocol.SPIN_S, 1, 0.03, False)]
+    assert bed.waits == [protocol.Wait(first, 3, 0.01), protocol.Wait(protocol.SPIN_S, 1, 0.03)]
+    assert not any(w.gave_up for w in bed.waits)
     assert started == [0.0, first, first + protocol.SPIN_S]  # each rerun after its wait
     assert spins == [] and bed.repeated()[-1].startswith("checks of the CPU before them: 2, ")
 
@@ -168,7 +169,7 @@ def test_a_run_the_hypervisor_took_the_cpu_from_is_run_again_once_the_cpu_is_bac
 
     stolen[:], spins[:] = [300, 0], [None]  # no steal in /proc/stat: nothing to wait for
     bed._unstolen(config, "measuring", run)
-    assert bed.waits[-1] == protocol.Wait(protocol.SPIN_S, 1, None, False)
+    assert bed.waits[-1] == protocol.Wait(protocol.SPIN_S, 1, None) and not bed.waits[-1].gave_up
 
 
 def test_a_spin_keeps_every_cpu_busy_and_reads_the_share_the_hypervisor_took():

@@ -219,11 +219,10 @@ class Testbed:
         while (share := spin_stolen_share(SPIN_S)) is not None and share > STEAL_MAX:
             if time.monotonic() - start >= STEAL_WAIT_S:
                 self.log(f"testbed: the hypervisor still took {100 * share:.0f}% after {STEAL_WAIT_S:g} s; on anyway")
-                self.waits.append(Wait(time.monotonic() - start, spins, share, gave_up=True))
-                return
+                break
             time.sleep(STEAL_POLL_S)
             spins += 1
-        self.waits.append(Wait(time.monotonic() - start, spins, share, gave_up=False))
+        self.waits.append(Wait(time.monotonic() - start, spins, share))
 
     def _measure(self, config: Config | LocalJob) -> float:
         from tools.testing.netns import torchrun_across_hosts
@@ -278,13 +277,16 @@ class Stolen:
 @dataclass(frozen=True)
 class Wait:
     """A wait for the CPU before a run made again: its length (s, the spins' included), the
-    spins, the last one's stolen share (None where unknown), whether it went on still over
-    :data:`STEAL_MAX`."""
+    spins, the last one's stolen share (None where unknown)."""
 
     seconds: float
     spins: int
     share: float | None
-    gave_up: bool
+
+    @property
+    def gave_up(self) -> bool:
+        """Whether it went on still over :data:`STEAL_MAX` (after :data:`STEAL_WAIT_S`)."""
+        return self.share is not None and self.share > STEAL_MAX
 
 
 def _stolen_during(run: Callable[[], T]) -> tuple[T, float | None]:
@@ -297,8 +299,12 @@ def _stolen_during(run: Callable[[], T]) -> tuple[T, float | None]:
 def spin_stolen_share(seconds: float) -> float | None:
     """Spin every CPU this process may run on for ``seconds`` (one busy process each) and return
     the share of that time the hypervisor took; None where ``/proc/stat`` has no steal."""
+    return _stolen_during(lambda: _spin_every_cpu(seconds))[1]
+
+
+def _spin_every_cpu(seconds: float) -> None:
+    """One busy process for ``seconds`` on each CPU this process may run on; none outlives it."""
     spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
-    before, _ = read_cpu_times()
     spinners: list[subprocess.Popen] = []
     try:
         for _ in range(len(os.sched_getaffinity(0))):
@@ -310,7 +316,6 @@ def spin_stolen_share(seconds: float) -> float | None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return steal_share(before, read_cpu_times()[0])
 
 
 def interleaved(testbed: Testbed, configs: Iterable[Config | LocalJob], repeats: int, seed: int,
