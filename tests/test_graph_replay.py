@@ -24,6 +24,9 @@ from dpro.run_records import Calibration
 
 from .conftest import DATA, JOBS, assert_one_line_error, dpro
 
+# How closely a CPU job's collectives bound its ranks' clock offsets (gloo ranges open late).
+ALIGN_NS = 100_000
+
 
 @pytest.fixture(scope="module")
 def run_graph(recorded_run: Path) -> DataflowGraph:
@@ -71,16 +74,40 @@ def test_collective_instances_are_numbered_by_issue_across_communication_threads
 
 def test_clock_offsets_are_kept_when_consistent_and_clamped_when_not(recorded_run: Path) -> None:
     analysis = RunAnalysis.open(recorded_run)
-    instances = match(pd.concat([reduce_trace(analysis.run.trace_path(r), r).instances for r in analysis.ranks]))
+    each = pd.concat([reduce_trace(analysis.run.trace_path(r), r).instances for r in analysis.ranks])
+    instances = match(each)
+    # without a collective matched between the ranks no offset moves (the CI's one failure here
+    # was either that or crossed bounds: say which, should it come back)
+    assert set(instances["rank"]) == {0, 1}, each.groupby(["rank", "step"])["coll_name"].value_counts().to_string()
     recorded = analysis.recorded_offsets
-    # One machine, one clock: the true offsets are 0, and they always fit what the collectives show.
-    assert refine_offsets(instances, {0: 0, 1: 0}) == {0: 0, 1: 0}
+    # One machine, one clock: the true offsets are 0. A gloo range may open a little late on a
+    # loaded machine, so the collectives bound them to within tens of microseconds (15 us in 1 of
+    # 42 recordings here), never to a step's milliseconds.
+    assert abs(refine_offsets(instances, {0: 0, 1: 0})[1]) < ALIGN_NS
     # The ping-pong's error grows with the round trip on a loaded machine (once -273 us of a
-    # 645 us round trip); the collectives only ever move it closer to the truth.
+    # 645 us round trip, up to 2 ms); the collectives only ever move it closer to the truth.
     refined = refine_offsets(instances, recorded)
-    assert abs(refined[1]) <= abs(recorded[1]) and analysis.offsets == refined
+    assert abs(refined[1]) <= max(abs(recorded[1]), ALIGN_NS) and analysis.offsets == refined
     wrong = refine_offsets(instances, {0: 0, 1: 10**9})  # a second off: no collective could overlap
-    assert 0 < wrong[1] < 10**9 and abs(wrong[1] - recorded[1]) < 50_000_000
+    assert abs(wrong[1]) < 50_000_000
+
+
+def test_an_instance_whose_bounds_miss_the_offset_is_outvoted_not_trusted() -> None:
+    """Three all-reduces bound rank 1's offset to [-100, 100] us; a fourth, whose ranges were
+    taken late, to [400, 900] us. The bounds cross: the offset the most agree on stands, and a
+    wrong one moves into it (keeping it, as before, left a second's error in place)."""
+    def instance(rank: int, k: int, start_us: float, dur_us: float) -> dict:
+        return {"rank": rank, "step": 5, "pg_name": "", "coll_name": "all_reduce", "occurrence": k, "peer": -1,
+                "start_ns": int(start_us * 1000), "dur_ns": int(dur_us * 1000), "nbytes": 1024.0}
+    rows = [instance(0, 0, 0, 200), instance(1, 0, 100, 100),  # low -100, high 200
+            instance(0, 1, 1000, 150), instance(1, 1, 1050, 50),  # low -100, high 100
+            instance(0, 2, 2000, 250), instance(1, 2, 2100, 100),  # low -150, high 200
+            instance(0, 3, 3000, 100), instance(1, 3, 3500, 400)]  # low 400, high 900: late
+    instances = pd.DataFrame(rows)
+    assert refine_offsets(instances, {0: 0, 1: 0}) == {0: 0, 1: 0}
+    assert refine_offsets(instances, {0: 0, 1: 10**9}) == {0: 0, 1: 100_000}
+    assert refine_offsets(instances, {0: 0, 1: -10**9}) == {0: 0, 1: -100_000}
+    assert refine_offsets(instances.iloc[:6], {0: 0, 1: 10**9}) == {0: 0, 1: 100_000}, "all agree: the intersection"
 
 
 def test_where_no_structure_repeats_the_step_of_the_median_time_stands_for_all(tmp_path: Path) -> None:
