@@ -229,17 +229,13 @@ def recording_steal(analysis: RunAnalysis) -> float | None:
     return float(np.median(shares)) if shares else None
 
 
-def own_steps_ms(analysis) -> dict[str, float]:
+def own_steps_ms(analysis: RunAnalysis) -> dict[str, float]:
     """The recording's own median step, ``unprofiled`` (from step :data:`SKIP_STEPS`) and
-    ``profiled``, in ms: its first rank's, as :meth:`Testbed.measure` reads a plain run (each
-    step's slowest rank read 4.8-13.1% over a plain run that rank 0 read within 2.2%, tuning seed
-    11: the maximum of jittery step boundaries)."""
-    times = analysis.step_times
-    first = times[times["rank"] == min(analysis.ranks)]
-    unprofiled = first[(first["phase"] == "") & (first["step"] >= SKIP_STEPS)]
-    profiled = first[first["phase"] == "profiled"]
-    return {phase: float(t["dur_ns"].median()) / 1e6 for phase, t in (("unprofiled", unprofiled),
-                                                                      ("profiled", profiled))}
+    ``profiled``, in ms: its first rank's, as :meth:`Testbed.measure` reads a plain run."""
+    first = min(analysis.ranks)
+    steps = analysis.unprofiled_steps
+    unprofiled = steps[(steps["rank"] == first) & (steps["step"] >= SKIP_STEPS)]["dur_ns"].median()
+    return {"unprofiled": float(unprofiled) / 1e6, "profiled": analysis.profiled_step_ns[first] / 1e6}
 
 
 def run_examples(root: Path, repeats: int = REPEATS, seed: int = 0) -> list[dict]:

@@ -7,9 +7,10 @@ arrived, so each matched instance of those bounds each rank's offset against the
 tight as the collectives are short, and a CPU-side range is not always where the work was (gloo's
 worker threads, preempted on a loaded machine, open and close their ranges late): one instance's
 bounds may miss the true offset and cross another's. :func:`refine_offsets` therefore takes the
-offsets that the most instances agree on (Marzullo's intersection, as NTP combines its sources),
-keeps a recorded offset inside them and moves one outside to the nearest. Where every instance
-agrees this is their intersection. Rooted collectives (a broadcast's root may finish first) and
+offsets inside the most instances' bounds (Marzullo's algorithm; unlike NTP's intersection it
+asks for no majority: the largest group of instances that agree stands, even a minority), keeps
+a recorded offset inside them and moves one outside to the nearest. Where every instance agrees
+this is their intersection. Rooted collectives (a broadcast's root may finish first) and
 point-to-point transfers are not used.
 
     >>> refine_offsets(matched_instances, {0: 0, 1: 2_000_000})        # doctest: +SKIP
@@ -27,7 +28,8 @@ __all__ = ["agreed_interval", "refine_offsets"]
 
 
 def refine_offsets(instances: pd.DataFrame, offsets: dict[int, int]) -> dict[int, int]:
-    """Offsets (rank -> ns) moved into the bounds the matched ``instances`` set (own clocks)."""
+    """Offsets (rank -> ns) moved into the bounds that the most of the matched ``instances``
+    (own clocks) agree on (:func:`agreed_interval`)."""
     out = dict(offsets)
     symmetric = instances[instances["coll_name"].map(collective_family).isin(SYMMETRIC_FAMILIES)]
     if symmetric.empty:
@@ -48,8 +50,9 @@ def refine_offsets(instances: pd.DataFrame, offsets: dict[int, int]) -> dict[int
 
 
 def agreed_interval(low: np.ndarray, high: np.ndarray, near: int) -> tuple[int, int]:
-    """The interval inside the most of the intervals ``[low_i, high_i]`` (Marzullo's algorithm);
-    of several such, the one nearest ``near``."""
+    """The interval inside the most of the closed intervals ``[low_i, high_i]`` (Marzullo's
+    algorithm; intervals that only touch agree at that point); of several such, the one nearest
+    ``near`` (the lower at an equal distance). At least one interval, each with ``low <= high``."""
     points = np.concatenate([low, high])
     step = np.concatenate([np.ones(len(low), np.int64), -np.ones(len(high), np.int64)])
     order = np.lexsort((-step, points))  # at a tie an interval opens before another closes
