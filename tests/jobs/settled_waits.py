@@ -2,6 +2,7 @@
 steps during which ``Work.wait`` was not torch's own (``dpro.collectors.settled_waits``) and
 whether it is torch's again at the end."""
 
+import gc
 import json
 
 import torch
@@ -22,4 +23,5 @@ for step in range(12):
 if dist.get_rank() == 0:
     print(json.dumps({"changed": changed, "own_at_end": Work.__dict__["wait"] is own}), flush=True)
 del model, optimizer
+gc.collect()  # (torch 2.13: "terminate called without an active exception" at exit, see docs/getting-started.md)
 dist.destroy_process_group()
