@@ -18,7 +18,7 @@ late finishes, in the calls' *done* nodes, are not compared.
 It measures nothing and changes no model; it lives apart from the benchmark so that the scored
 model's hash (:data:`benchmarks.testbed.frozen.MODEL_SOURCES`) does not move with it.
 
-    python -m benchmarks.parallel_sends --keep DIR
+    python -m benchmarks.parallel_sends --keep DIR --json FILE   # FILE: the same run's --json
 """
 
 from __future__ import annotations
@@ -149,9 +149,10 @@ def regrouped_sends(root: Path, jobs: int = JOBS) -> list[dict]:
     return rows
 
 
-def lengthened(root: Path, regrouped: list[dict], jobs: int = JOBS) -> list[dict]:
+def lengthened(root: Path, regrouped: list[dict], measured: dict[str, list[float]], jobs: int = JOBS) -> list[dict]:
     """For each mesh what-if kept in ``root``: its error as the benchmark scores it (anchored on the
-    source's measured median, ``measured.json``), and replayed again with its sends between hosts
+    source's measured median, from ``measured``: each configuration's medians, as the benchmark's
+    ``--json`` keeps them), and replayed again with its sends between hosts
     lengthened by the ratio ``regrouped`` (:func:`regrouped_sends`) gives its collective: the
     target's sends over the what-if's, near their median size. The ratio is read from the target,
     and compares times before the interference model's factors, which the replay then applies
@@ -159,7 +160,7 @@ def lengthened(root: Path, regrouped: list[dict], jobs: int = JOBS) -> list[dict
     from dpro.analysis import RunAnalysis
     from dpro.analysis.whatif import Change, CostModel
 
-    median = {k: float(np.median(v)) for k, v in json.loads((root / "measured.json").read_text()).items()}
+    median = {k: float(np.median(v)) for k, v in measured.items()}
     ratios: dict[str, dict[str, float]] = {}
     for r in regrouped:
         ratios.setdefault(r["case"], {})[r["coll"]] = r["ratio"]
@@ -203,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.parallel_sends", description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, required=True,
                         help="the runs kept by python -m benchmarks.parallel --keep")
+    parser.add_argument("--json", type=Path, help="the benchmark's --json output of the same run (its measured "
+                        "medians), for the what-ifs replayed with the target's sends; without it that table is left out")
     parser.add_argument("--jobs", type=int, default=JOBS)
     args = parser.parse_args(argv)
+    measured = _measured(args.json) if args.json else None
     print("sends between hosts in the job against the calibration's isolated calls (median send, ms)")
     print(table([("run", "collective", "group", "sends", "median KB", "in job", "calibrated", "job/calibrated"),
                  *[(r["run"], r["coll"], str(r["group"]), str(r["sends"]), f"{r['median_kb']:.1f}",
@@ -217,13 +221,25 @@ def main(argv: list[str] | None = None) -> int:
                  *[(r["case"], r["coll"], f"{r['median_kb']:.1f}", str(r["sends"]), str(r["model_sends"]),
                     f"{r['job_ms']:.2f}", f"{r['model_ms']:.2f}", f"{r['ratio']:.2f}")
                    for r in regrouped]]))
+    if measured is None:
+        print("\n(the what-ifs replayed with the target's sends need the benchmark's --json output: --json FILE)")
+        return 0
     print("\nmesh what-ifs replayed with their sends between hosts at the target's times "
           "(error against the target's median, %; read from the target: an estimate, no prediction)")
     print(table([("case", "job/what-if by collective", "target ms", "as scored", "replayed here", "sends lengthened"),
                  *[(r["case"], ", ".join(f"{c} {x:.2f}" for c, x in sorted(r["ratios"].items())),
                     f"{r['measured_ms']:.1f}", f"{r['scored_pct']:+.1f}", f"{r['replicated_pct']:+.1f}",
-                    f"{r['lengthened_pct']:+.1f}") for r in lengthened(args.keep, regrouped, args.jobs)]]))
+                    f"{r['lengthened_pct']:+.1f}") for r in lengthened(args.keep, regrouped, measured, args.jobs)]]))
     return 0
+
+
+def _measured(path: Path) -> dict[str, list[float]]:
+    """Each configuration's measured medians from the benchmark's ``--json`` output ``path``;
+    a one-line exit where the file is not one."""
+    try:
+        return json.loads(path.read_text())["result"]["measured"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not the --json output of python -m benchmarks.parallel ({type(e).__name__}: {e})")
 
 
 if __name__ == "__main__":

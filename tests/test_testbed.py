@@ -319,3 +319,14 @@ def test_the_sends_diagnostic_compares_sends_of_a_like_size():
     # around another run's size: only the sends near it count, and a collective with none is left out
     around = _median_sends(coll, nbytes, ns, np.full(7, 4), {"all_gather": 900.0, "all_reduce": 10_000.0})
     assert around == {"all_gather": {"bytes": 900.0, "ns": 50.0, "sends": 1, "group": 4}}
+
+
+def test_the_sends_diagnostic_reads_the_medians_from_the_benchmarks_json(tmp_path):
+    from benchmarks.parallel_sends import _measured
+
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"rows": [], "result": {"measured": {"s1j0-fsdp": [1.0, 2.0, 3.0]}}}))
+    bad.write_text(json.dumps({"rows": []}))
+    assert _measured(good) == {"s1j0-fsdp": [1.0, 2.0, 3.0]}
+    with pytest.raises(SystemExit, match="not the --json output of python -m benchmarks.parallel"):
+        _measured(bad)
