@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import to_json
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z
-from dpro.anomaly.fabric.follow_up import probe_adaptively
+from dpro.anomaly.fabric.follow_up import SWEEPS, follow_up, probe_adaptively
 from dpro.anomaly.fabric.localize import localize, weigh
 from dpro.anomaly.fabric.routing import paths
 from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
@@ -384,6 +386,71 @@ def test_a_nic_masked_by_oversubscribed_uplinks_is_named_from_the_paths_within_i
         probes, _ = probe_adaptively(measure, topology, tiers, probe_rounds(len(names), tiers))
         named = [(s.kind, s.name, s.evidence.get("direction")) for s in localize(topology, probes, z_class=FOLLOWED_Z)]
         assert named == [("nic", "h5/nic0", "sending")], (seed, named)
+
+
+def _oversubscribed(ratio: float, slow_by: float, noise: float = 0.05) -> tuple[nx.MultiGraph, list[list[str]], Callable]:
+    """A 4x4-host leaf-spine whose probes between leaves run at ``1/ratio`` of those within a
+    leaf, and ``measure(rounds, first_round, rng)`` with ``h5`` sending ``slow_by`` slow (``noise``
+    a measurement)."""
+    spec = {"switches": [f"leaf{l}" for l in range(4)] + ["spine0", "spine1"],
+            "hosts": {f"h{i}": [] for i in range(16)},
+            "links": [[f"h{i}", f"leaf{i // 4}"] for i in range(16)]
+            + [[f"leaf{l}", f"spine{s}"] for l in range(4) for s in range(2)]}
+    topology = from_spec(spec)
+    names = hosts(topology)
+    tiers = [[t[h] for h in names] for t in probe_tiers(topology, names)]
+    slow = names.index("h5")
+
+    def measure(rounds: list[list[tuple[int, int]]], first_round: int, rng: np.random.Generator) -> Probes:
+        rows = [(a, b, first_round + r) for r, pairs in enumerate(rounds) for x, y in pairs for a, b in ((x, y), (y, x))]
+        src, dst, number = (np.array(c) for c in zip(*rows))
+        same_leaf = src // 4 == dst // 4
+        value = np.where(same_leaf, 100.0, 100.0 / ratio) * np.where(same_leaf & (src == slow), 1 - slow_by, 1.0)
+        return Probes(names, src, dst, number, value * rng.lognormal(0, noise, len(src)))
+
+    return topology, tiers, measure
+
+
+def test_a_masked_nic_in_doubt_is_probed_again_as_often_as_an_unmasked_one_would_be() -> None:
+    """Where uplinks are oversubscribed a NIC's fault shows only on its 3 pairs within its leaf,
+    against 15 on a fabric whose paths run alike: a follow-up pass probes those pairs again as
+    many times as every path's probes outnumber the unmasked ones' (120 pairs, 24 within a
+    leaf: 5 times), so that its evidence grows as an unmasked NIC's does. Not oversubscribed,
+    each pair once."""
+    for ratio, times in ((4.0, 5), (1.0, 1)):
+        topology, tiers, measure = _oversubscribed(ratio, 0.10)
+        rng = np.random.default_rng(0)
+        first = measure(probe_rounds(16, tiers), 0, rng)
+        first = first.medians(*[measure(probe_rounds(16, tiers), 0, rng) for _ in range(7)])
+        pairs = follow_up(topology, first, budget=1000, confirm=1e9, doubt=-1e9)
+        counts = Counter(pairs)
+        within = [(min(5, p), max(5, p)) for p in (4, 6, 7)]
+        assert {counts[p] for p in within if p in counts} == {times}, (ratio, counts)
+        assert max(counts.values()) == times, (ratio, counts)
+
+
+def test_a_nic_10_percent_slow_behind_oversubscribed_uplinks_is_named_in_more_trials() -> None:
+    """A NIC 10% slow sending behind 4:1 oversubscribed uplinks, in 5% noise (a probe's; each of
+    its ``SWEEPS`` repeats a share of its time, so ``sqrt(SWEEPS)`` times as noisy): with its pairs
+    within its leaf probed again as often as an unmasked NIC's (above) it is named in more of 12
+    trials than with each pair once a pass (the check before 2026-12-07), and nothing else is
+    named."""
+    topology, tiers, measure = _oversubscribed(4.0, 0.10, 0.05 * np.sqrt(SWEEPS))
+    named = {}
+    for repeat in (True, False):
+        found = wrong = 0
+        for seed in range(12):
+            rng = np.random.default_rng(seed)
+            with pytest.MonkeyPatch.context() as patch:
+                if not repeat:
+                    patch.setattr("dpro.anomaly.fabric.follow_up._as_often_as_unmasked", lambda weighed, crossing: 1)
+                probes, _ = probe_adaptively(lambda rounds, k: measure(rounds, k, rng), topology, tiers,
+                                             probe_rounds(16, tiers))
+            suspects = localize(topology, probes, z_class=FOLLOWED_Z)
+            found += ("nic", "h5/nic0") in [(s.kind, s.name) for s in suspects]
+            wrong += any(s.name != "h5/nic0" for s in suspects)
+        named[repeat] = (found, wrong)
+    assert named[True][0] > named[False][0] and named[True][1] == 0, named
 
 
 # --- stragglers --------------------------------------------------------------------------------

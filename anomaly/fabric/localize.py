@@ -43,9 +43,10 @@ share whatever its NICs, so a NIC's fault smaller than that gap shows only on th
 its leaf. A path length whose typical probe is very slow (``Z_SLOW`` deviations) against the
 fastest length's is masked, and a class holding a NIC's access link is weighed a second time on
 its probes over the paths not masked; either may name it, and the follow-ups re-probe the pairs
-of the one in doubt. (Designed from issue 29's text and checked on a synthetic 2:1 leaf-spine,
-not on the benchmark's held-out fabric; it never applies on the tuned fabrics, whose lengths run
-alike.)
+of the one in doubt, as often as every path's probes outnumber the unmasked ones
+(:mod:`dpro.anomaly.fabric.follow_up`). (Designed from issue 29's text and checked on synthetic
+2:1 and 4:1 leaf-spines, not on the benchmark's held-out fabric; it never applies on the tuned
+fabrics, whose lengths run alike.)
 
 Greedily, while a class is past one of its thresholds (``z_class``, ``z_count``) and its probes
 fall short by ``min_effect`` on average, one is named: of those past the pooled threshold, the
@@ -101,7 +102,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import lgamma
 from statistics import NormalDist
 
@@ -157,12 +158,14 @@ class Weighed:
     """What the probes say: the suspects named, each with its ``margin`` (its score over its
     threshold: 1 just named) and the probes it explains, and per class neither named nor cleared
     (:func:`_clear_explained`), its probes not explained by a suspect and its margin on them;
-    each probe's hop count and its shortfall in units of the noise (``z``)."""
+    each probe's hop count and its shortfall in units of the noise (``z``); the path lengths
+    masked (:func:`_masked`: held below the fastest by design, none on most fabrics)."""
 
     named: list[tuple[Suspect, float, np.ndarray]]
     open: list[tuple[np.ndarray, float]]
     hops: np.ndarray
     z: np.ndarray
+    masked: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min_effect: float = MIN_EFFECT,
@@ -267,7 +270,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
             continue
         if len(left) >= MIN_PROBES:
             open_classes.append((left, max(margins(left, crossing, bar)[:2])))
-    return Weighed(named, open_classes, hops, z)
+    return Weighed(named, open_classes, hops, z, masked)
 
 
 def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[tuple[list[Component], float]],
