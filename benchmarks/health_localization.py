@@ -64,10 +64,12 @@ from dpro.anomaly.suspects import Suspect
 from . import fabric_sim as sim
 
 TUNING_SEED = 1
-SCORING_SEED = 9529589
-"""Drawn at 23:59 UTC on 2026-11-28, after ``DISTIL`` 0.5 (chosen on seed 1 by ``--tune-distil``
-judging each fabric's false alarms on its own) was committed, and committed before its run; scored
-once (``docs/results/2026-11-29/health-localization-seed9529589.*``). Earlier: 8101147 (the
+SCORING_SEED = 4963184
+"""Drawn at 14:26 UTC on 2026-12-07, after the masked NICs' repeated follow-ups (``6fa6b25``) were
+committed, and committed before its run; scored once
+(``docs/results/2026-12-07/health-localization-seed4963184.*``). Earlier: 9529589 (``DISTIL`` 0.5,
+chosen on seed 1 by ``--tune-distil`` judging each fabric's false alarms on its own, ``2f09bcc``;
+``docs/results/2026-11-29/health-localization-seed9529589.*``), 8101147 (the
 distilled follow-ups at distil 0.0, ``fa47d53``;
 ``docs/results/2026-11-28/health-localization-seed8101147.*``), 3661627 (the typical
 healthy probe read from each pair once, ``de2ecb3``, with the clearing's mend ``fadc872``),
