@@ -33,8 +33,10 @@ followed up), and the probes a trial spent.
 first sweep alone, on trials of ``TUNING_SEED``; the follow-up's ``doubt`` by :func:`tune` on
 trials of the same seed (``python -m benchmarks.health_localization --tune``, every pair in doubt
 probed again), its ``distil`` and the pooled threshold after it by :func:`tune_distil`
-(``--tune-distil``), the held-out fabric never among them; the figures come from trials of
-``SCORING_SEED``, never used for tuning.
+(``--tune-distil``), the held-out fabric never among them; the masked NICs' repeated follow-ups
+were compared on the tuned fabrics and on oversubscribed :func:`analogs` of the held-out fabric
+(``--tune-masked``; no constant fitted); the figures come from trials of ``SCORING_SEED``, never
+used for tuning.
 
     python -m benchmarks health_localization [--quick]
 """
@@ -107,6 +109,7 @@ class Follow:
     passes: int = PASSES
     sweeps: int = SWEEPS
     distil: float = DISTIL
+    masked_again: bool = True
 
 
 @dataclass
@@ -216,7 +219,8 @@ def probed(case: Case, rng: np.random.Generator, size: float, noise: float, back
                       rows[:, 2].astype(np.int64) + first_round, rows[:, 3])
 
     probes, _ = probe_adaptively(measure, case.topology, case.tiers, case.rounds, follow_up.extra, follow_up.passes,
-                                 follow_up.doubt, follow_up.confirm, sweeps=follow_up.sweeps, distil=follow_up.distil)
+                                 follow_up.doubt, follow_up.confirm, sweeps=follow_up.sweeps, distil=follow_up.distil,
+                                 masked_again=follow_up.masked_again)
     return fault, probes
 
 
@@ -459,6 +463,52 @@ def _distilled(distil: float, faults: int) -> dict[float, dict[tuple[str, sim.Ba
     return found
 
 
+def analogs() -> list[Case]:
+    """Oversubscribed leaf-spines that are not the held-out fabric, for :func:`tune_masked`: 4x4
+    hosts with 25 Gb/s uplinks to 2 spines (the held-out fabric's shape, at a quarter of the
+    NICs' rate where it has half) and to 4 spines, and 3 leaves of 5 hosts whose 83 Gb/s uplinks
+    hold a probe between leaves only 17% under its NICs (masked in 3% noise, not in 10%)."""
+    return [Case("analog: leaf-spine 4x4 hosts, 2 spines, 25 Gb/s uplinks", sim.leaf_spine(4, 4, 2, uplink_gbps=25.0)),
+            Case("analog: leaf-spine 4x4 hosts, 4 spines, 25 Gb/s uplinks", sim.leaf_spine(4, 4, 4, uplink_gbps=25.0)),
+            Case("analog: leaf-spine 3x5 hosts, 2 spines, 83 Gb/s uplinks",
+                 sim.leaf_spine(3, 5, 2, uplink_gbps=250.0 / 3))]
+
+
+def tune_masked(faults: int = TUNING_FAULTS // 2) -> None:
+    """A masked NIC's pairs probed again once a pass against as often as an unmasked NIC's would
+    be (``masked_again``, :func:`dpro.anomaly.fabric.follow_up.follow_up`), on trials of
+    ``TUNING_SEED`` at every point of the benchmark's grid, on the tuned fabrics and the
+    :func:`analogs` (never the held-out fabric). Each setting and fabric draws from a generator
+    of that seed, so the two settings see the same trials until their follow-ups first part.
+    Prints per point recall (false alarms without a fault), probes a trial and the faults found
+    by kind, each setting beside the other."""
+    jobs = [(case, masked_again, faults) for case in cases(held_out=False) + analogs() for masked_again in (False, True)]
+    with ProcessPoolExecutor() as pool:
+        found = pool.map(_masked_sweep, jobs)
+    by = {(case.name, masked_again): results for (case, masked_again, _), results in zip(jobs, found)}
+    for case in cases(held_out=False) + analogs():
+        print(f"\n{case.name}: point: once a pass -> as often as unmasked (recall, or false alarms without a fault; "
+              f"probes a trial; found of faults by kind)")
+        for point, before in by[case.name, False].items():
+            after = by[case.name, True][point]
+            print(f"  {point}: {before[0]:.3f} -> {after[0]:.3f}  probes {before[1]:.0f} -> {after[1]:.0f}  "
+                  f"{before[2]} -> {after[2]}" + ("" if before == after else "  *"), flush=True)
+
+
+def _masked_sweep(job: tuple[Case, bool, int]) -> dict[str, tuple[float, float, dict[str, tuple[int, int]]]]:
+    """One fabric's :func:`sweep` for :func:`tune_masked`, its figures per point."""
+    case, masked_again, faults = job
+    results = sweep(TUNING_SEED, faults, points(), fabrics=[case], follow_up=Follow(masked_again=masked_again))
+    out = {}
+    for (_, background, noise, size), t in results.items():
+        value = np.mean(t.found) if size else np.mean(np.asarray(t.named) > 0)
+        kinds = {k: (sum(f for kind, f in zip(t.kinds, t.found) if kind == k), t.kinds.count(k))
+                 for k in sorted(set(t.kinds) - {""})}
+        out[f"{'heavy' if background == HEAVY else 'light'}, noise {noise:.0%}, fault {size:.0%}"] = (
+            float(value), float(np.mean(t.probes)), kinds)
+    return out
+
+
 def _tuning_grid() -> list[tuple[sim.Background, float, float]]:
     """The tuners' points: ``LIGHT`` background at 5% and 10% noise, and ``HEAVY``, each without a
     fault and at 10–40% faults."""
@@ -491,6 +541,8 @@ if __name__ == "__main__":
               f"distil {DISTIL}, z_class {FOLLOWED_Z_CLASS})")
     elif "--tune-sweeps" in sys.argv:
         print(f"chosen on seed {TUNING_SEED}: sweeps {tune_sweeps()} (the default: {SWEEPS})")
+    elif "--tune-masked" in sys.argv:
+        tune_masked()
     elif "--tune-no-peers" in sys.argv:
         print(f"chosen on seed {TUNING_SEED}: no_peers {tune_no_peers()} (the default: {NO_PEERS})")
     elif "--tune" in sys.argv:

@@ -359,14 +359,16 @@ def test_a_nic_slow_sending_is_named_either_way_when_its_pairs_ran_both_ways_at_
     assert added and followed.both_ways, added
 
 
-def _oversubscribed(ratio: float, slow_by: float, noise: float = 0.05) -> tuple[nx.MultiGraph, list[list[str]], Callable]:
-    """A 4x4-host leaf-spine whose probes between leaves run at ``1/ratio`` of those within a
-    leaf, and ``measure(rounds, first_round, rng)`` with ``h5`` sending ``slow_by`` slow (``noise``
-    a measurement)."""
-    spec = {"switches": [f"leaf{l}" for l in range(4)] + ["spine0", "spine1"],
-            "hosts": {f"h{i}": [] for i in range(16)},
-            "links": [[f"h{i}", f"leaf{i // 4}"] for i in range(16)]
-            + [[f"leaf{l}", f"spine{s}"] for l in range(4) for s in range(2)]}
+def _oversubscribed(ratio: float, slow_by: float, noise: float = 0.05, sizes: tuple[int, ...] = (4, 4, 4, 4)
+                    ) -> tuple[nx.MultiGraph, list[list[str]], Callable]:
+    """A leaf-spine of leaves of ``sizes`` hosts and 2 spines whose probes between leaves run at
+    ``1/ratio`` of those within a leaf, and ``measure(rounds, first_round, rng)`` with ``h5``
+    sending ``slow_by`` slow (``noise`` a measurement)."""
+    leaf = np.repeat(np.arange(len(sizes)), sizes)
+    spec = {"switches": [f"leaf{l}" for l in range(len(sizes))] + ["spine0", "spine1"],
+            "hosts": {f"h{i}": [] for i in range(len(leaf))},
+            "links": [[f"h{i}", f"leaf{l}"] for i, l in enumerate(leaf)]
+            + [[f"leaf{l}", f"spine{s}"] for l in range(len(sizes)) for s in range(2)]}
     topology = from_spec(spec)
     names = hosts(topology)
     tiers = [[t[h] for h in names] for t in probe_tiers(topology, names)]
@@ -375,7 +377,7 @@ def _oversubscribed(ratio: float, slow_by: float, noise: float = 0.05) -> tuple[
     def measure(rounds: list[list[tuple[int, int]]], first_round: int, rng: np.random.Generator) -> Probes:
         rows = [(a, b, first_round + r) for r, pairs in enumerate(rounds) for x, y in pairs for a, b in ((x, y), (y, x))]
         src, dst, number = (np.array(c) for c in zip(*rows))
-        same_leaf = src // 4 == dst // 4
+        same_leaf = leaf[src] == leaf[dst]
         value = np.where(same_leaf, 100.0, 100.0 / ratio) * np.where(same_leaf & (src == slow), 1 - slow_by, 1.0)
         return Probes(names, src, dst, number, value * rng.lognormal(0, noise, len(src)))
 
@@ -398,9 +400,9 @@ def test_a_nic_masked_by_oversubscribed_uplinks_is_named_from_the_paths_within_i
 def test_a_masked_nic_in_doubt_is_probed_again_as_often_as_an_unmasked_one_would_be() -> None:
     """Where uplinks are oversubscribed a NIC's fault shows only on its 3 pairs within its leaf,
     against 15 on a fabric whose paths run alike: a follow-up pass probes those pairs again as
-    many times as every path's probes outnumber the unmasked ones' (120 pairs, 24 within a
-    leaf: 5 times), so that its evidence grows as an unmasked NIC's does. Not oversubscribed,
-    each pair once."""
+    many times as its probes over every path ran between more pairs (15 against 3: 5 times),
+    so that its evidence grows as an unmasked NIC's does; pairs between leaves once. Not
+    oversubscribed, each pair once."""
     for ratio, times in ((4.0, 5), (1.0, 1)):
         topology, tiers, measure = _oversubscribed(ratio, 0.10)
         rng = np.random.default_rng(0)
@@ -411,7 +413,25 @@ def test_a_masked_nic_in_doubt_is_probed_again_as_often_as_an_unmasked_one_would
         within = [(min(5, p), max(5, p)) for p in (4, 6, 7)]
         assert {counts[p] for p in within if p in counts} == {times}, (ratio, counts)
         assert max(counts.values()) == times, (ratio, counts)
+        assert all(n == 1 for (a, b), n in counts.items() if a // 4 != b // 4), "pairs between leaves once"
+        # a budget of every pair once: every pair, none repeated (the repeats come after)
+        short = follow_up(topology, first, budget=len(counts), confirm=1e9, doubt=-1e9)
+        assert sorted(short) == sorted(counts), (ratio, short)
 
+
+def test_a_masked_nic_is_probed_again_by_its_own_leafs_share_of_its_partners() -> None:
+    """Leaves of 5, 3 and 4 hosts: a NIC has 11 partners, of which 4, 2 or 3 within its leaf, so
+    its pairs there are probed again 3, 6 or 4 times a pass (the partners it would have had,
+    rounded up), not by one share for the whole fabric; pairs between leaves once."""
+    topology, tiers, measure = _oversubscribed(4.0, 0.10, sizes=(5, 3, 4))
+    rng = np.random.default_rng(0)
+    first = measure(probe_rounds(12, tiers), 0, rng).medians(*[measure(probe_rounds(12, tiers), 0, rng)
+                                                                for _ in range(7)])
+    counts = Counter(follow_up(topology, first, budget=1000, confirm=1e9, doubt=-1e9))
+    leaf = np.repeat(np.arange(3), (5, 3, 4))
+    times = {0: 3, 1: 6, 2: 4}
+    assert counts[(5, 6)] == counts[(5, 7)] == 6, counts
+    assert all(n == (times[leaf[a]] if leaf[a] == leaf[b] else 1) for (a, b), n in counts.items()), counts
 
 def test_a_nic_10_percent_slow_behind_oversubscribed_uplinks_is_named_in_more_trials() -> None:
     """A NIC 10% slow sending behind 4:1 oversubscribed uplinks, in 5% noise (a probe's; each of

@@ -12,15 +12,16 @@ shares with others a fraction of its pod's: a 10% fault in 10% noise then leaves
 the noise but short of the localizer's threshold. So after the first sweep every class past
 :data:`DOUBT` of its threshold but not named, and every suspect named with less than
 :data:`CONFIRM` times it, is probed again: the host pairs whose probes may cross it and fell short
-there (below), once more each (on the paths they took before), until none is left in doubt,
+there (below), once more each (on the paths they took before; a masked NIC's, more: below), until none is left in doubt,
 the extra pairs reach :data:`EXTRA` times the first sweep's, or :data:`PASSES` passes are done.
 Where paths are masked (oversubscribed uplinks, :mod:`dpro.anomaly.fabric.localize`), a NIC
 weighed on its paths within its leaf alone has a few pairs where an unmasked NIC has every
-host: a pass probes each of those pairs again as many times as every path's probes outnumber the
-unmasked ones (5 on a 4x4-host leaf-spine), so that its evidence grows as an unmasked NIC's
-would. (Designed on leaf-spines with 4:1 oversubscribed uplinks, tuning seed 1, not on the
-benchmark's held-out fabric: their NICs 10% slow in 5% noise were found 6 of 25 times before
-and 25 of 31 after; on fabrics whose paths run alike nothing changes.)
+host: once every pair in doubt has had its probe, a pass probes each of those pairs again as
+many times as the NIC's probes over every path ran between more host pairs than those
+(``(n - 1) / (L - 1)`` rounded up for ``n`` hosts, ``L`` in its leaf: 5 on a 4x4-host
+leaf-spine), so that its evidence grows as an unmasked NIC's would. (Designed on the
+oversubscribed analogs of ``benchmarks.health_localization --tune-masked``, tuning seed 1, not on
+its held-out fabric; on fabrics whose paths run alike nothing changes.)
 Probes measured again through a class that other traffic or chance slowed pull it back under
 its threshold; those through a fault push it past; the suspects are then named from every
 probe at the stricter :data:`Z_CLASS`. A class every probe of its lengths may cross (both spines of a leaf-spine) is
@@ -86,38 +87,38 @@ Measure = Callable[[list[list[tuple[int, int]]], int], Probes]
 """Probes the rounds given, numbering them from the second argument; the probes measured."""
 Agree = Callable[[list[tuple[int, int]]], list[tuple[int, int]]]
 Schedule = Callable[[list[tuple[int, int]]], list[list[tuple[int, int]]]]
-"""The rounds of the host pairs given."""
+"""The rounds of the host pairs given; a pair listed twice goes into two rounds."""
 
 
 def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float = DOUBT,
-              confirm: float = CONFIRM, routing: Routing | None = None, distil: float = DISTIL
-              ) -> list[tuple[int, int]]:
+              confirm: float = CONFIRM, routing: Routing | None = None, distil: float = DISTIL,
+              masked_again: bool = True) -> list[tuple[int, int]]:
     """The host pairs (indices, ``a < b``) to probe again, at most ``budget``: those whose
     probes may cross a class in doubt and fell short there by more than ``distil`` (mean
-    ``z``), the class nearest its threshold first (``routing``: the known routes, if any)."""
+    ``z``), the class nearest its threshold first (``routing``: the known routes, if any); each
+    pair once, then a masked NIC's again as many more times as :func:`_as_often_as_unmasked` says
+    (a pair listed twice is probed in two rounds; ``masked_again`` False: each pair once)."""
     weighed = weigh(topology, probes, routing=routing)
     targets = [(abs(1.0 - margin), crossing) for _, margin, crossing in weighed.named if margin < confirm]
     targets += [(1.0 - margin, crossing) for crossing, margin in weighed.open if doubt <= margin < 1.0]
     # a class without healthy peers: more probes through it only add to what other traffic slowed
     targets = [(order, crossing) for order, crossing in targets if has_peers(crossing, weighed.hops)]
-    times: dict[tuple[int, int], int] = {}  # each pair, how many times to probe it again
+    once: dict[tuple[int, int], int] = {}  # each pair, how many times to probe it again
     for _, crossing in sorted(targets, key=lambda t: t[0]):
-        again = _as_often_as_unmasked(weighed, crossing)
+        again = _as_often_as_unmasked(weighed, crossing) if masked_again else 1
         for pair in _slow_pairs(probes, crossing, weighed.z, distil):
-            times[pair] = max(times.get(pair, 0), again)
-    return [pair for pair, n in times.items() for _ in range(n)][:budget]
+            once[pair] = max(once.get(pair, 0), again)
+    # every pair once, the classes nearest their threshold first; then the masked NICs' repeats
+    return [*once, *(pair for pair, n in once.items() for _ in range(n - 1))][:budget]
 
 
 def _as_often_as_unmasked(weighed: Weighed, crossing: np.ndarray) -> int:
-    """How many times a pass probes again the pairs of the class whose probes are ``crossing``:
-    once, but where some path lengths are masked (oversubscribed uplinks) and the class's
-    probes all run over the others (a NIC weighed on its paths within its leaf), as many times
-    as every path's probes outnumber those: the probes its fault shows on then grow as an
-    unmasked NIC's would."""
-    unmasked = ~np.isin(weighed.hops, weighed.masked)
-    if not len(weighed.masked) or not unmasked[crossing].all() or not unmasked.any():
-        return 1
-    return int(np.ceil(len(unmasked) / unmasked.sum()))
+    """How many times a pass probes again the pairs of a class in doubt whose probes are
+    ``crossing``: once, but for a NIC weighed on its paths not masked alone (oversubscribed
+    uplinks: its paths within its leaf; ``crossing`` among those probes), as many times as its
+    probes over every path ran between more host pairs than those (rounded up), so that the
+    probes its fault shows on grow as an unmasked NIC's would."""
+    return max((again for keep, again in weighed.unmasked if np.isin(crossing, keep).all()), default=1)
 
 
 def _slow_pairs(probes: Probes, crossing: np.ndarray, z: np.ndarray, distil: float) -> list[tuple[int, int]]:
@@ -143,15 +144,17 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
                      first: list[list[tuple[int, int]]], extra: float = EXTRA, passes: int = PASSES,
                      doubt: float = DOUBT, confirm: float = CONFIRM,
                      agree: Agree = lambda pairs: pairs, schedule: Schedule | None = None,
-                     routing: Routing | None = None, sweeps: int = SWEEPS, distil: float = DISTIL
+                     routing: Routing | None = None, sweeps: int = SWEEPS, distil: float = DISTIL,
+                     masked_again: bool = True
                      ) -> tuple[Probes, int]:
     """The first sweep's rounds, then up to ``passes`` follow-ups, each measured ``sweeps`` times
     (:func:`repeated`), distilled at ``distil`` (:data:`DISTIL`); every probe kept and the number
-    of pairs the follow-ups measured.
+    of host-pair probes the follow-ups measured (a pair probed twice in a pass counts twice).
     ``agree``: the pairs every prober takes, given this one's (a job's ranks take rank 0's:
     their floats may differ by a last bit). ``schedule``: the rounds
     of the pairs a follow-up probes (default: :func:`probe_rounds` over ``tiers``);
-    ``routing``: the known routes the localizer weighs the probes by, if any."""
+    ``routing``: the known routes the localizer weighs the probes by, if any; ``masked_again``:
+    see :func:`follow_up`."""
     probes = repeated(measure, first, sweeps)
     next_round = sweeps * len(first)
     budget = int(extra * sum(len(r) for r in first))
@@ -159,7 +162,7 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
     for _ in range(passes):
         if not len(probes.value):  # the check's time budget ran out before the first round
             break
-        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm, routing, distil))
+        pairs = agree(follow_up(topology, probes, budget - added, doubt, confirm, routing, distil, masked_again))
         if not pairs:
             break
         rounds = schedule(pairs) if schedule is not None else probe_rounds(len(probes.hosts), tiers, pairs)

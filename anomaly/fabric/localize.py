@@ -43,7 +43,7 @@ share whatever its NICs, so a NIC's fault smaller than that gap shows only on th
 its leaf. A path length whose typical probe is very slow (``Z_SLOW`` deviations) against the
 fastest length's is masked, and a class holding a NIC's access link is weighed a second time on
 its probes over the paths not masked; either may name it, and the follow-ups re-probe the pairs
-of the one in doubt, as often as every path's probes outnumber the unmasked ones
+of the one in doubt, as often as its probes over every path ran between more host pairs
 (:mod:`dpro.anomaly.fabric.follow_up`). (Designed from issue 29's text and checked on synthetic
 2:1 and 4:1 leaf-spines, not on the benchmark's held-out fabric; it never applies on the tuned
 fabrics, whose lengths run alike.)
@@ -102,7 +102,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import lgamma
 from statistics import NormalDist
 
@@ -158,14 +158,15 @@ class Weighed:
     """What the probes say: the suspects named, each with its ``margin`` (its score over its
     threshold: 1 just named) and the probes it explains, and per class neither named nor cleared
     (:func:`_clear_explained`), its probes not explained by a suspect and its margin on them;
-    each probe's hop count and its shortfall in units of the noise (``z``); the path lengths
-    masked (:func:`_masked`: held below the fastest by design, none on most fabrics)."""
+    each probe's hop count and its shortfall in units of the noise (``z``); and per NIC weighed on
+    its paths not masked alone (:func:`_unmasked`; none where no path is masked), those probes and
+    how many times as many host pairs its probes over every path ran between (rounded up)."""
 
     named: list[tuple[Suspect, float, np.ndarray]]
     open: list[tuple[np.ndarray, float]]
     hops: np.ndarray
     z: np.ndarray
-    masked: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    unmasked: list[tuple[np.ndarray, int]]
 
 
 def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min_effect: float = MIN_EFFECT,
@@ -178,11 +179,13 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
-        return Weighed([], [], np.zeros(0, np.int64), np.zeros(0))
+        return Weighed([], [], np.zeros(0, np.int64), np.zeros(0), [])
     classes, hops, back = _classes(topology, probes, routing)
     shortfall, noise, typical = _shortfall(probes, hops)
     masked = _masked(typical, noise) if probes.higher_is_better else np.zeros(0, np.int64)
-    classes += _unmasked(topology, classes, hops, masked)
+    copies = _unmasked(topology, classes, hops, masked)
+    unmasked = [(keep, -(-_partners(probes, crossing) // _partners(probes, keep))) for crossing, keep, _ in copies]
+    classes += [(keep, members) for _, keep, members in copies]
     z = shortfall / noise
     weight = np.clip(z, -clip, clip)
     very_slow = z >= Z_SLOW
@@ -270,7 +273,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
             continue
         if len(left) >= MIN_PROBES:
             open_classes.append((left, max(margins(left, crossing, bar)[:2])))
-    return Weighed(named, open_classes, hops, z, masked)
+    return Weighed(named, open_classes, hops, z, unmasked)
 
 
 def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[tuple[list[Component], float]],
@@ -328,17 +331,24 @@ def _masked(typical: dict[int, float], noise: float) -> np.ndarray:
 
 
 def _unmasked(topology: nx.MultiGraph, classes: list[tuple[np.ndarray, list[Component]]], hops: np.ndarray,
-              masked: np.ndarray) -> list[tuple[np.ndarray, list[Component]]]:
+              masked: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, list[Component]]]:
     """Each class holding a NIC's access link again, with its probes over paths not ``masked``
     only: where uplinks are oversubscribed, a NIC's fault shows on the paths within its leaf,
-    and the longer paths' probes would only dilute them."""
+    and the longer paths' probes would only dilute them. Each as its probes over every path,
+    those over the paths not masked, and its members."""
     out = []
     for crossing, members in classes if len(masked) else []:
         if any(_component_kind(topology, c) == "nic" for c in members):
             keep = crossing[~np.isin(hops[crossing], masked)]
             if MIN_PROBES <= len(keep) < len(crossing):
-                out.append((keep, members))
+                out.append((crossing, keep, members))
     return out
+
+
+def _partners(probes: Probes, crossing: np.ndarray) -> int:
+    """How many host pairs (either way) the probes ``crossing`` ran between."""
+    a, b = probes.src[crossing], probes.dst[crossing]
+    return len(set(zip(np.minimum(a, b).tolist(), np.maximum(a, b).tolist())))
 
 
 def has_peers(crossing: np.ndarray, hops: np.ndarray) -> bool:

@@ -49,8 +49,8 @@ def leaders(rank_hosts: Sequence[str]) -> list[int]:
 
 class Measured(NamedTuple):
     """The probes (Gb/s, sender to receiver), None with a single host; what the check's budget
-    cut (rounds not run once it ran out), if anything; the pairs probed again; and the rounds
-    the first sweep was scheduled in."""
+    cut (rounds not run once it ran out), if anything; the host-pair probes made again (a pair
+    probed twice counts twice); and the rounds the first sweep was scheduled in."""
 
     probes: Probes | None
     cut: str | None

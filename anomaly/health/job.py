@@ -89,7 +89,7 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         if cut:
             job_checks.append(Check("pairwise.budget", "skip", cut))
         if again:
-            job_checks.append(Check("pairwise.follow_up", "pass", f"{again} host pairs probed again where the first "
+            job_checks.append(Check("pairwise.follow_up", "pass", f"{again} host-pair probes made again where the first "
                                                                 f"sweep left a NIC, link or switch in doubt"))
         node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() + cpu.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
