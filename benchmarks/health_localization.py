@@ -469,7 +469,7 @@ def analogs() -> list[Case]:
     """Oversubscribed leaf-spines that are not the held-out fabric, for :func:`tune_masked`: 4x4
     hosts with 25 Gb/s uplinks to 2 spines (the held-out fabric's shape, at a quarter of the
     NICs' rate where it has half) and to 4 spines, and 3 leaves of 5 hosts whose 83 Gb/s uplinks
-    hold a probe between leaves only 17% under its NICs (masked in 3% noise, not in 10%)."""
+    hold a probe between leaves only 17% under its NICs (masked at 3% noise, mostly at 5%, not at 10%)."""
     return [Case("analog: leaf-spine 4x4 hosts, 2 spines, 25 Gb/s uplinks", sim.leaf_spine(4, 4, 2, uplink_gbps=25.0)),
             Case("analog: leaf-spine 4x4 hosts, 4 spines, 25 Gb/s uplinks", sim.leaf_spine(4, 4, 4, uplink_gbps=25.0)),
             Case("analog: leaf-spine 3x5 hosts, 2 spines, 83 Gb/s uplinks",
