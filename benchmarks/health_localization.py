@@ -148,6 +148,15 @@ class Tally:
     baseline_named: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
 
+    def alarms(self) -> float:
+        """The share of trials that named anything (without a fault: false alarms)."""
+        return float(np.mean(np.asarray(self.named) > 0))
+
+    def found_by_kind(self) -> dict[str, tuple[int, int]]:
+        """Per kind of fault (:data:`KINDS`), the trials that found it and its trials."""
+        return {kind: (sum(f for f, k in zip(self.found, self.kinds) if k == kind), self.kinds.count(kind))
+                for kind, _ in KINDS}
+
 
 def cases(held_out: bool = True) -> list[Case]:
     """The fabrics: a 4x4-host leaf-spine with 2 spines and a k=4 fat tree (tuned on and
@@ -317,7 +326,7 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
         spent = (f"{np.mean(t.probes):.0f} probes a trial, each the median of {SWEEPS} repeats, "
                  f"{np.mean(t.probes) / first_sweep[name]:.2f}x the first sweep")
         if not size:
-            alarms, baseline = np.mean(np.asarray(t.named) > 0), np.mean(np.asarray(t.baseline_named) > 0)
+            alarms, baseline = t.alarms(), np.mean(np.asarray(t.baseline_named) > 0)
             low, high = wilson(int(np.sum(np.asarray(t.named) > 0)), len(t.named))
             rows.append(_row(case, f"false alarms [{low:.2f}, {high:.2f}] (first sweep alone "
                              f"{np.mean(np.asarray(t.first_named) > 0):.3f}; {spent})", alarms, baseline,
@@ -326,8 +335,7 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
         goal = size >= GOAL_SIZE
         recall = float(np.mean(t.found))
         low, high = wilson(sum(t.found), len(t.found))
-        by_kind = ", ".join(f"{kind} {sum(f for f, k in zip(t.found, t.kinds) if k == kind)}/{t.kinds.count(kind)}"
-                            for kind, _ in KINDS)
+        by_kind = ", ".join(f"{kind} {found}/{n}" for kind, (found, n) in t.found_by_kind().items())
         rows.append(_row(case, f"recall [{low:.2f}, {high:.2f}] ({by_kind}; first sweep alone "
                          f"{np.mean(t.first_found):.3f}; {spent})", recall, float(np.mean(t.baseline_found)),
                          f">= {GOAL_RECALL}" if goal else "none (< 10%)", recall >= GOAL_RECALL or not goal))
@@ -357,7 +365,7 @@ def tune(faults: int = TUNING_FAULTS) -> tuple[float, float]:
             return localize(case.topology, probes, z_class=z_class)
 
         results = sweep(TUNING_SEED, faults, grid, tuned, cases(held_out=False), Follow(doubt=doubt))
-        alarms = max(np.mean([n > 0 for n in t.named]) for (_, _, _, size), t in results.items() if not size)
+        alarms = max(t.alarms() for (_, _, _, size), t in results.items() if not size)
         recall = float(np.mean([np.mean(t.found) for (_, _, _, size), t in results.items() if size]))
         probes = float(np.mean([p for t in results.values() for p in t.probes]))
         print(f"doubt {doubt}, z_class {z_class}: worst false alarms {alarms:.3f}, mean recall {recall:.3f}, "
@@ -409,8 +417,8 @@ def tune_sweeps(faults: int = TUNING_FAULTS // 2) -> int:
     figures = {}
     for count in SWEEPS_GRID:
         results = sweep(TUNING_SEED, faults, grid, fabrics=cases(held_out=False), follow_up=Follow(sweeps=count))
-        light = max(np.mean([n > 0 for n in t.named]) for (_, b, _, size), t in results.items() if b == LIGHT and not size)
-        heavy = max(np.mean([n > 0 for n in t.named]) for (_, b, _, size), t in results.items() if b == HEAVY and not size)
+        light = max(t.alarms() for (_, b, _, size), t in results.items() if b == LIGHT and not size)
+        heavy = max(t.alarms() for (_, b, _, size), t in results.items() if b == HEAVY and not size)
         recall = float(np.mean([np.mean(t.found) for (_, _, _, size), t in results.items() if size]))
         figures[count] = (light, heavy, recall)
         print(f"sweeps {count}: false alarms {light:.3f} light (worst noise), {heavy:.3f} heavy; "
@@ -503,9 +511,8 @@ def _masked_sweep(job: tuple[Case, bool, int]) -> dict[str, tuple[float, float, 
     results = sweep(TUNING_SEED, faults, points(), fabrics=[case], follow_up=Follow(masked_again=masked_again))
     out = {}
     for (_, background, noise, size), t in results.items():
-        value = np.mean(t.found) if size else np.mean(np.asarray(t.named) > 0)
-        kinds = {k: (sum(f for kind, f in zip(t.kinds, t.found) if kind == k), t.kinds.count(k))
-                 for k in sorted(set(t.kinds) - {""})}
+        value = np.mean(t.found) if size else t.alarms()
+        kinds = {kind: counts for kind, counts in sorted(t.found_by_kind().items()) if counts[1]}
         out[f"{'heavy' if background == HEAVY else 'light'}, noise {noise:.0%}, fault {size:.0%}"] = (
             float(value), float(np.mean(t.probes)), kinds)
     return out

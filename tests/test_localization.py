@@ -22,7 +22,7 @@ from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import to_json
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z
-from dpro.anomaly.fabric.follow_up import SWEEPS, follow_up, probe_adaptively
+from dpro.anomaly.fabric.follow_up import SWEEPS, follow_up, probe_adaptively, repeated
 from dpro.anomaly.fabric.localize import localize, weigh
 from dpro.anomaly.fabric.routing import paths
 from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
@@ -406,8 +406,7 @@ def test_a_masked_nic_in_doubt_is_probed_again_as_often_as_an_unmasked_one_would
     for ratio, times in ((4.0, 5), (1.0, 1)):
         topology, tiers, measure = _oversubscribed(ratio, 0.10)
         rng = np.random.default_rng(0)
-        first = measure(probe_rounds(16, tiers), 0, rng)
-        first = first.medians(*[measure(probe_rounds(16, tiers), 0, rng) for _ in range(7)])
+        first = repeated(lambda rounds, k: measure(rounds, k, rng), probe_rounds(16, tiers), SWEEPS)
         pairs = follow_up(topology, first, budget=1000, confirm=1e9, doubt=-1e9)
         counts = Counter(pairs)
         within = [(min(5, p), max(5, p)) for p in (4, 6, 7)]
@@ -425,13 +424,13 @@ def test_a_masked_nic_is_probed_again_by_its_own_leafs_share_of_its_partners() -
     rounded up), not by one share for the whole fabric; pairs between leaves once."""
     topology, tiers, measure = _oversubscribed(4.0, 0.10, sizes=(5, 3, 4))
     rng = np.random.default_rng(0)
-    first = measure(probe_rounds(12, tiers), 0, rng).medians(*[measure(probe_rounds(12, tiers), 0, rng)
-                                                                for _ in range(7)])
+    first = repeated(lambda rounds, k: measure(rounds, k, rng), probe_rounds(12, tiers), SWEEPS)
     counts = Counter(follow_up(topology, first, budget=1000, confirm=1e9, doubt=-1e9))
     leaf = np.repeat(np.arange(3), (5, 3, 4))
     times = {0: 3, 1: 6, 2: 4}
     assert counts[(5, 6)] == counts[(5, 7)] == 6, counts
     assert all(n == (times[leaf[a]] if leaf[a] == leaf[b] else 1) for (a, b), n in counts.items()), counts
+
 
 def test_a_nic_10_percent_slow_behind_oversubscribed_uplinks_is_named_in_more_trials() -> None:
     """A NIC 10% slow sending behind 4:1 oversubscribed uplinks, in 5% noise (a probe's; each of
@@ -445,11 +444,8 @@ def test_a_nic_10_percent_slow_behind_oversubscribed_uplinks_is_named_in_more_tr
         found = wrong = 0
         for seed in range(12):
             rng = np.random.default_rng(seed)
-            with pytest.MonkeyPatch.context() as patch:
-                if not repeat:
-                    patch.setattr("dpro.anomaly.fabric.follow_up._as_often_as_unmasked", lambda weighed, crossing: 1)
-                probes, _ = probe_adaptively(lambda rounds, k: measure(rounds, k, rng), topology, tiers,
-                                             probe_rounds(16, tiers))
+            probes, _ = probe_adaptively(lambda rounds, k: measure(rounds, k, rng), topology, tiers,
+                                         probe_rounds(16, tiers), masked_again=repeat)
             suspects = localize(topology, probes, z_class=FOLLOWED_Z)
             found += ("nic", "h5/nic0") in [(s.kind, s.name) for s in suspects]
             wrong += any(s.name != "h5/nic0" for s in suspects)
