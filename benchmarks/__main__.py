@@ -19,7 +19,8 @@ from dpro.cli.options import table
 BENCHMARKS = ("benchmarks.recording_overhead", "benchmarks.trace_loading", "benchmarks.replay_accuracy",
               "benchmarks.replay_speed", "benchmarks.run_model",
               "benchmarks.testbed", "benchmarks.fidelity", "benchmarks.fidelity_real", "benchmarks.whatif_fold",
-              "benchmarks.optimize", "benchmarks.parallel", "benchmarks.dashboard", "benchmarks.health", "benchmarks.health_localization",
+              "benchmarks.optimize", "benchmarks.parallel", "benchmarks.dashboard", "benchmarks.health", "benchmarks.health_nights",
+              "benchmarks.health_localization",
               "benchmarks.probe_schedule")
 
 

@@ -24,6 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from benchmarks.fabric_sim import Background, Fault, Flow, leaf_spine, measure, topology_spec
 from benchmarks.fabric_sim import fat_tree as simulated_fat_tree
+from benchmarks.health_nights import CONFIG as NIGHTS_CONFIG
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
 from dpro.anomaly.fabric.follow_up import SWEEPS, follow_up, probe_adaptively, repeated
 from dpro.anomaly.fabric.localize import localize
@@ -271,6 +272,38 @@ def test_a_learned_baseline_drops_outliers_and_needs_enough_nights() -> None:
     assert judge(Metric("recv_gbps", 2.5, "Gb/s", True), noisy, rules)[0] == "pass"  # within that noise
 
 
+def test_what_the_hosts_lost_together_is_the_jobs_and_a_host_regresses_beyond_it() -> None:
+    from dpro.anomaly.health.config import HealthConfig
+    from dpro.anomaly.health.model import JOB, Check, HealthReport, Node
+    from dpro.anomaly.health.rules import apply_rules
+    from dpro.anomaly.suspects import Suspect
+
+    def night(*rates: float, suspected: tuple[int, ...] = ()) -> dict[str, Check]:
+        typical = float(np.median([r for i, r in enumerate(rates) if i not in suspected]))
+        nodes = [Node(f"h{i}", [Check("pairwise", metrics=[Metric("send_gbps", r, "Gb/s", True)])])
+                 for i, r in enumerate([*rates, typical])]
+        nodes[-1].host = JOB
+        report = HealthReport("t0", "t1", nodes, [Suspect("host", f"h{i}", 5.0, host=f"h{i}") for i in suspected])
+        apply_rules(report, HealthConfig(rules=Rules(degraded_pct=40, failed_pct=60)),
+                    lambda host, key: [20.0, 20.5, 19.5])  # every host's earlier nights, the job's too
+        return {n.host: n.checks[0] for n in report.nodes}
+
+    # three healthy hosts 40-45% slow together beside a throttled one: the job's loss, not theirs
+    slow = night(11.0, 11.5, 12.0, 0.2, suspected=(3,))
+    assert [slow[h].status for h in ("h0", "h1", "h2", "h3", JOB)] == ["pass", "pass", "pass", "fail", "warn"]
+    assert slow["h0"].evidence["common_change_pct"] == {"send_gbps": -42.5}
+    assert "98% beyond the 43% the other hosts lost with it" in slow["h3"].message
+    assert "is 42% worse than its baseline 20" in slow[JOB].message
+    # one host behind the others is still its own regression
+    alone = night(20.0, 19.0, 10.0, 21.0)
+    assert [alone[h].status for h in ("h0", "h1", "h2", "h3", JOB)] == ["pass", "pass", "warn", "pass", "pass"]
+    # with two unsuspected hosts, no common change is taken out: one of them would move it by half
+    two = night(11.0, 11.0, 0.2, 0.2, suspected=(2, 3))
+    assert [two[h].status for h in ("h0", "h1")] == ["warn", "warn"] and "common_change_pct" not in two["h0"].evidence
+    # a common gain is not taken out: a host that kept its own baseline has not regressed
+    assert night(30.0, 31.0, 20.0, 29.0)["h2"].status == "pass"
+
+
 def test_the_history_is_migrated_by_alembic_and_matches_its_model(tmp_path: Path) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
@@ -440,6 +473,7 @@ def _quick(folder: Path) -> Path:
 
 # -- a namespace cluster, several nights ---------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def nights(tmp_path_factory) -> list[tuple[list[subprocess.CompletedProcess], dict]]:
     """Four nights of ``torchrun --no-python ... dpro health`` on 4 namespace hosts sharing one
@@ -448,11 +482,14 @@ def nights(tmp_path_factory) -> list[tuple[list[subprocess.CompletedProcess], di
     if reason:
         pytest.skip(reason)
     folder = tmp_path_factory.mktemp("nights")
-    # Loopback probes between namespaces on a shared 2-core machine vary by 15% from night to
-    # night here, and one probe fell to half its rate in CI (2026-11-28); a healthy host's median
-    # over its two unsuspected peers then drops 25%. This cluster's operator sets its thresholds
-    # above that; the throttle costs 98%.
-    (folder / "health.yaml").write_text("collectives: {sizes_mb: [1, 4]}\nrules: {degraded_pct: 40, failed_pct: 60}\n")
+    # Loopback probes between namespaces on a shared 2-core machine: a healthy host's rates move
+    # a median 29% between two healthy nights, and one probe may lose 80% beside a busy core
+    # (benchmarks.health_nights, 2026-12-07); a healthy host's median over its two unsuspected
+    # peers then drops 40%. On the throttled night the healthy hosts' probes also fall together
+    # (up to 65%; that common change is taken out, and flagged a healthy host in CI before,
+    # 2026-12-07). This cluster's operator sets its thresholds above one probe's half; the
+    # throttle costs 98%.
+    (folder / "health.yaml").write_text(NIGHTS_CONFIG)
     program = [Path(sys.executable).parent / "dpro", "health", "--db", f"sqlite:///{folder}/health.db",
                "--config", folder / "health.yaml"]
     results = []
@@ -477,9 +514,9 @@ def test_the_throttled_host_is_named_first_and_no_other_is_flagged(nights) -> No
     assert report["suspects"][0]["name"] == "dh-h2" and report["suspects"][0]["kind"] == "host"
     assert len(report["suspects"]) == 1
     verdicts = {n["host"]: n["verdict"] for n in report["nodes"]}
-    # its probes fell ~98% below the others' (200 Mbit/s on a 10 Gb/s veth): past failed_pct (60)
+    # its probes fell ~98% below the others' (200 Mbit/s on a 10 Gb/s veth): past failed_pct (75)
     assert verdicts["dh-h2"] == "failed", report["suspects"][0]
-    assert report["suspects"][0]["evidence"]["severity"] == "failed" and report["suspects"][0]["evidence"]["drop_pct"] >= 60
+    assert report["suspects"][0]["evidence"]["severity"] == "failed" and report["suspects"][0]["evidence"]["drop_pct"] >= 75
     flagged = [(n["host"], c["name"], c["message"]) for n in report["nodes"] if n["host"] in ("dh-h0", "dh-h1", "dh-h3")
                for c in n["checks"] if c["status"] in ("warn", "fail")]
     assert not flagged and all(verdicts[h] == "healthy" for h in ("dh-h0", "dh-h1", "dh-h3")), flagged

@@ -1,5 +1,6 @@
 """From the pairwise matrix to verdicts: each host's median sending and receiving rate (a
-``pairwise`` check, which the rules compare with its baseline), and the suspects the matrix
+``pairwise`` check, which the rules compare with its baseline), the job's (the median of the
+unsuspected hosts': what they lost together is judged there), and the suspects the matrix
 points at — hosts from the matrix alone, or, when the topology is known, NICs and links one
 direction at a time (:mod:`dpro.anomaly.fabric.localize`: any equal-cost path, the prober cannot
 see ECMP's choice), at the pooled threshold of the probes followed up
@@ -50,6 +51,7 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
             Metric("send_gbps", float(np.median(sent)), "Gb/s", True),
             Metric("recv_gbps", float(np.median(received)), "Gb/s", True)], evidence=evidence)
         report.node(host).checks.append(pairwise[host])
+    report.node(JOB).checks.append(_typical(pairwise, hosts))
     fabric = Check("fabric")
     for suspect in suspects:
         check = pairwise[suspect.host] if suspect.kind in ("host", "nic") and suspect.host in pairwise else fabric
@@ -68,6 +70,16 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
             fabric.message = "no link or switch stands out"
         report.node(JOB).checks.append(fabric)
     return suspects
+
+
+def _typical(pairwise: dict[str, Check], suspected: set[str]) -> Check:
+    """The job's ``pairwise`` check: the median of the unsuspected hosts' rates (all hosts' where
+    every one is suspected), what the hosts' own rates are judged beyond
+    (:func:`dpro.anomaly.health.rules.common_changes`)."""
+    typical = [c for h, c in pairwise.items() if h not in suspected] or list(pairwise.values())
+    return Check("pairwise", metrics=[
+        Metric(name, float(np.median([c.metrics[i].value for c in typical])), "Gb/s", True)
+        for i, name in enumerate(("send_gbps", "recv_gbps"))], evidence={"hosts": len(typical)})
 
 
 def _with_peers(matrix: np.ndarray, i: int, suspected: list[int]) -> tuple[np.ndarray, np.ndarray, list[int]]:

@@ -13,6 +13,13 @@ metric that is noisy night to night is not flagged for its noise — degrades th
 ``failed_pct`` or more, fails it. Counts (errors, events) are judged by their own checks, not
 against a baseline.
 
+A host's pairwise rates are judged beyond the night's common change (:func:`common_changes`):
+where the hosts the matrix does not suspect, :data:`MIN_HOSTS` or more, were slower than their
+baselines together (load on the fabric, a slow night), their median ratio is taken out of each
+host's value before it is judged. A host regresses when it fell behind the others, as the
+matrix judges it within a night; what they lost together is the job's, judged on the job's own
+pairwise rates (the median host's, :mod:`dpro.anomaly.health.network`) and its collectives.
+
 A metric with no baseline (a first night, no baseline file) is listed as such in its check's
 evidence (``no_baseline``: the reports show the check as "no baseline", never "ok"), and one rule
 still holds: the job's bus bandwidth, or a host's probes, below ``line_rate_pct`` percent of what
@@ -23,8 +30,8 @@ the slow probes are the suspect's, graded by their drop (:mod:`dpro.anomaly.heal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,10 +40,15 @@ from dpro.stats import robust_spread
 from dpro.anomaly.health.config import HealthConfig, Rules
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
 
-__all__ = ["Baseline", "apply_rules", "judge", "learned", "line_rates_gbps", "no_baseline"]
+__all__ = ["Baseline", "apply_rules", "common_changes", "judge", "learned", "line_rates_gbps", "no_baseline"]
 
 OUTLIER_Z = 3.5
 NOISE_SIGMAS = 3.0
+MIN_HOSTS = 3
+"""The fewest unsuspected hosts with a baseline whose median ratio is taken as the night's
+common change: with two, one slow host would move it by half its own drop."""
+PEERED = "pairwise"
+"""The check whose hosts' metrics are judged beyond the night's common change."""
 
 
 @dataclass(frozen=True)
@@ -62,11 +74,13 @@ def learned(history: Sequence[float], rules: Rules) -> Baseline | None:
     return Baseline(float(np.median(values)), sigma, f"median of {len(values)} earlier runs")
 
 
-def judge(metric: Metric, baseline: Baseline, rules: Rules) -> tuple[str, float]:
+def judge(metric: Metric, baseline: Baseline, rules: Rules, common: float = 1.0) -> tuple[str, float]:
     """``(status, worse)``: pass, warn or fail, and how much worse than the baseline the value is
-    (a fraction of it, negative when better)."""
+    (a fraction of it, negative when better), once the night's ``common`` change
+    (:func:`common_changes`; of a value where higher is better) is taken out of it."""
     if baseline.value == 0:
         return "pass", 0.0
+    metric = replace(metric, value=metric.value / common)
     worse = (baseline.value - metric.value) / abs(baseline.value)
     if not metric.higher_is_better:
         worse = -worse
@@ -89,12 +103,29 @@ def _log_shortfall(metric: Metric, baseline: Baseline) -> float:
     return ratio if metric.higher_is_better else -ratio
 
 
+def common_changes(judged: Iterable[tuple[str, str, float, Baseline]], suspected: set[str]) -> dict[str, float]:
+    """The night's common change of each peered key (``pairwise/...``) from ``(host, key, value,
+    baseline)``: the median of the unsuspected hosts' ratios of value to baseline (higher is
+    better), where there are :data:`MIN_HOSTS` or more and it is a loss; else 1 (a common gain is
+    not taken out: a host that kept its own baseline has not regressed). The job's own value is
+    not one of them."""
+    ratios: dict[str, list[float]] = {}
+    for host, key, value, baseline in judged:
+        if key.startswith(f"{PEERED}/"):
+            found = ratios.setdefault(key, [])
+            if host != JOB and host not in suspected and baseline.value > 0 and value > 0:
+                found.append(value / baseline.value)
+    return {key: min(1.0, float(np.median(found))) if len(found) >= MIN_HOSTS else 1.0
+            for key, found in ratios.items()}
+
+
 def apply_rules(report: HealthReport, config: HealthConfig,
                 history: Callable[[str, str], list[float]] | None = None) -> None:
     """Compare every comparable metric of ``report`` with its baseline, set ``Metric.baseline``
     and raise the checks' statuses with the reason. ``history(host, key)``: earlier values of
     ``key`` (``check/metric``) on ``host``, newest first."""
     rates = line_rates_gbps(report)
+    compared: list[tuple[str, Check, Metric, Baseline]] = []
     for node in report.nodes:
         for check in node.checks:
             for metric in check.metrics:
@@ -110,13 +141,24 @@ def apply_rules(report: HealthReport, config: HealthConfig,
                         _against_line_rate(check, metric, rates.get(node.host), config.rules)
                     continue
                 metric.baseline = baseline.value
-                status, worse = judge(metric, baseline, config.rules)
-                if status != "pass":
-                    check.evidence.setdefault("regressions", {})[metric.name] = {
-                        "value": round(metric.value, 4), "baseline": round(baseline.value, 4),
-                        "worse_pct": round(worse * 100, 1), "baseline_from": baseline.source}
-                    check.escalate(status, f"{metric.name} {metric.value:.4g} {metric.unit} is {worse:.0%} worse "
-                                           f"than its baseline {baseline.value:.4g} ({baseline.source})")
+                compared.append((node.host, check, metric, baseline))
+    common = common_changes(((host, f"{c.name}/{m.name}", m.value, b) for host, c, m, b in compared),
+                            {s.host for s in report.suspects if s.kind in ("host", "nic")})
+    for host, check, metric, baseline in compared:
+        shared = common.get(f"{check.name}/{metric.name}", 1.0) if host != JOB else 1.0
+        if shared < 1.0:
+            check.evidence.setdefault("common_change_pct", {})[metric.name] = round((shared - 1) * 100, 1)
+        status, worse = judge(metric, baseline, config.rules, shared)
+        if status != "pass":
+            check.evidence.setdefault("regressions", {})[metric.name] = {
+                "value": round(metric.value, 4), "baseline": round(baseline.value, 4),
+                "worse_pct": round(worse * 100, 1), "baseline_from": baseline.source}
+            if shared == 1.0:
+                said = f"is {worse:.0%} worse than its baseline {baseline.value:.4g} ({baseline.source})"
+            else:
+                said = (f"is {1 - metric.value / baseline.value:.0%} below its baseline {baseline.value:.4g} "
+                        f"({baseline.source}), {worse:.0%} beyond the {1 - shared:.0%} the other hosts lost with it")
+            check.escalate(status, f"{metric.name} {metric.value:.4g} {metric.unit} {said}")
 
 
 def line_rates_gbps(report: HealthReport) -> dict[str, float]:

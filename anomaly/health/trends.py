@@ -1,7 +1,8 @@
 """Trends across nights: for the newest run in the history, each host's comparable metrics
 against the baseline learned from the earlier runs (:func:`dpro.anomaly.health.rules.learned`),
 regressions flagged as the rules would flag them: the rules given, else those the newest run was
-judged by (stored with it), so that the history agrees with the nightly job's verdicts."""
+judged by (stored with it), so that the history agrees with the nightly job's verdicts: a host's
+pairwise rates beyond the newest night's common change, as the nightly job judged them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.history import History
-from dpro.anomaly.health.model import Metric
-from dpro.anomaly.health.rules import judge, learned
+from dpro.anomaly.health.model import JOB, Metric
+from dpro.anomaly.health.rules import common_changes, judge, learned
 
 __all__ = ["newest_trends", "rules_of", "trends"]
 
@@ -43,19 +44,26 @@ def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | N
         return out
     rules = rules or rules_of(runs[0])
     newest, earlier = runs[0], runs[1:]
+    pasts = {(name, key): [r["nodes"][name]["metrics"][key] for r in earlier
+                           if name in r["nodes"] and key in r["nodes"][name]["metrics"]][:rules.nights]
+             for name, node in newest["nodes"].items() for key in node["comparable"]}
+    baselines = {at: learned(past, rules) for at, past in pasts.items()}
+    common = common_changes(((name, key, newest["nodes"][name]["metrics"][key], b)
+                             for (name, key), b in baselines.items() if b is not None),
+                            {s.get("host") for s in newest["suspects"] if s["kind"] in ("host", "nic")})
     for name, node in sorted(newest["nodes"].items()):
         if host is not None and name != host:
             continue
         rows = {}
         for key, higher in sorted(node["comparable"].items()):
-            past = [r["nodes"][name]["metrics"][key] for r in earlier
-                    if name in r["nodes"] and key in r["nodes"][name]["metrics"]][:rules.nights]
+            past = pasts[name, key]
             value = node["metrics"][key]
-            baseline = learned(past, rules)
+            baseline = baselines[name, key]
             row: dict[str, Any] = {"values": [*reversed(past), value], "baseline": None, "worse_pct": None,
                                    "status": "no baseline"}
             if baseline is not None:
-                status, worse = judge(Metric(key, value, "", higher), baseline, rules)
+                status, worse = judge(Metric(key, value, "", higher), baseline, rules,
+                                      common.get(key, 1.0) if name != JOB else 1.0)
                 row.update(baseline=round(baseline.value, 4), worse_pct=round(worse * 100, 1),
                            status={"pass": "ok", "warn": "regression", "fail": "regression (severe)"}[status])
                 if status != "pass":
