@@ -134,6 +134,24 @@ def test_matrix_analysis_names_a_bad_host_and_a_bad_path() -> None:
     assert [(s.kind, s.name) for s in latency] == [("host", "n5"), ("path", "n2<->n9")]
 
 
+def test_what_every_pair_of_a_round_lost_at_once_is_the_moments_not_a_paths() -> None:
+    # a healthy night of the 4-host namespace test in CI (2026-12-07), Gb/s: the two pairs of
+    # round 0, probed at once, were each slow one way, and two paths were named
+    rows = [(0, 3, 0, 11.3), (0, 2, 1, 22.8), (0, 1, 2, 20.1), (1, 2, 0, 10.3), (1, 3, 1, 23.6), (1, 0, 2, 22.3),
+            (2, 1, 0, 19.3), (2, 0, 1, 26.1), (2, 3, 2, 22.8), (3, 0, 0, 23.3), (3, 1, 1, 23.6), (3, 2, 2, 24.6)]
+    src, dst, rounds, gbps = (np.array(column) for column in zip(*rows))
+    night = Probes([f"dh-h{i}" for i in range(4)], src, dst, rounds, gbps.astype(float))
+    assert analyze(night) == []
+    assert [(s.kind, s.name) for s in analyze(replace(night, round=np.full(12, -1)))] == [
+        ("path", "dh-h1<->dh-h2"), ("path", "dh-h0<->dh-h3")]  # of no known round: as before
+    # the round's other pair at full rate: the slow one is a path
+    alone = replace(night, value=np.where((src == 1) & (dst == 2), 21.0, night.value))
+    assert [(s.kind, s.name) for s in analyze(alone)] == [("path", "dh-h0<->dh-h3")]
+    # a host slow in every round is still named: in each round one pair is not
+    throttled = replace(night, value=np.where((src == 2) | (dst == 2), 0.2, np.where(night.value < 12, 21.0, night.value)))
+    assert [(s.kind, s.name) for s in analyze(throttled)] == [("host", "dh-h2")]
+
+
 def test_a_direction_probed_again_shows_its_median_in_the_matrix() -> None:
     probes = Probes(["a", "b"], np.array([0, 0, 0, 1]), np.array([1, 1, 1, 0]), np.array([0, 1, 2, 0]),
                     np.array([10.0, 30.0, 20.0, 5.0]))

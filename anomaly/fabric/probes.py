@@ -14,8 +14,9 @@ noisy measurements produce spurious slow probes).
 **Matrix analysis** (:func:`analyze`). A host is a row (what it sends) and a column (what it
 receives). A bad host or NIC slows its whole row and column: its score is the smaller of the
 median ``z`` of its row and of its column, and it is a suspect when that median probe is slow.
-Slow probes that no suspect host explains are suspect *paths*. With a topology,
-:mod:`dpro.anomaly.fabric.localize` names NICs, links and switches instead.
+Slow probes that no suspect host explains are suspect *paths*, judged beyond what every pair
+of their round lost at once (the moment's, not a path's: a round's pairs share no host). With
+a topology, :mod:`dpro.anomaly.fabric.localize` names NICs, links and switches instead.
 """
 
 from __future__ import annotations
@@ -178,9 +179,10 @@ def write_probes(probes: Probes, path: str | os.PathLike) -> None:
                   "both_ways": probes.both_ways}).to_csv(path, index=False)
 
 
-def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) -> list[Suspect]:
-    """Suspect hosts (row and column slow) and paths (slow probes no suspect host explains),
-    most likely first; empty when nothing stands out.
+def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP, by_round: bool = True) -> list[Suspect]:
+    """Suspect hosts (row and column slow) and paths (slow probes no suspect host explains,
+    beyond what every pair of their round lost at once; ``by_round=False``: on the probes as
+    measured, the rule before, for comparison), most likely first; empty when nothing stands out.
 
     Hosts are peeled one at a time: the baseline is the probes between hosts not yet
     suspected, so that in a small cluster, where one bad host touches a large share of the
@@ -198,6 +200,8 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) ->
         bad[h] = True
         suspects.append(Suspect("host", probes.hosts[h], score, host=probes.hosts[h], evidence=evidence))
     baseline = ~bad[probes.src] & ~bad[probes.dst]
+    if by_round:
+        logs = logs + _rounds_loss(probes, logs, baseline)
     z = _z_against(logs, baseline)
     shortfall = np.median(logs[baseline]) - logs if baseline.any() else np.zeros(len(logs))
     unexplained = (z >= z_min) & (shortfall >= -np.log1p(-min_drop)) & baseline
@@ -209,6 +213,25 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP) ->
         suspects.append(Suspect("path", name, float(np.median(values)),
                                 evidence={"slow_directions": len(values), "median_z": round(float(np.median(values)), 2)}))
     return sorted(suspects, key=lambda s: -s.score)
+
+
+def _rounds_loss(probes: Probes, logs: np.ndarray, considered: np.ndarray) -> np.ndarray:
+    """Per probe, what every pair of its round lost at once (log scale, 0 for none): the least
+    of the pairs' shortfalls below the ``considered`` probes' median, each pair's by its slower
+    direction, in rounds of two pairs or more. A round's pairs share no host, so a loss they all
+    share is the moment's (other traffic, the probers' own load), not a path's. Probes of no
+    known round (-1) lost nothing."""
+    loss = np.zeros(len(logs))
+    if not considered.any():
+        return loss
+    shortfall = np.median(logs[considered]) - logs
+    for r in np.unique(probes.round[considered & (probes.round >= 0)]):
+        in_round = considered & (probes.round == r)
+        pair = np.minimum(probes.src, probes.dst) * len(probes.hosts) + np.maximum(probes.src, probes.dst)
+        worst = pd.Series(shortfall[in_round]).groupby(pair[in_round]).max()
+        if len(worst) >= 2:
+            loss[in_round] = max(0.0, float(worst.min()))
+    return loss
 
 
 def _z_against(logs: np.ndarray, baseline: np.ndarray) -> np.ndarray:
