@@ -72,8 +72,8 @@ def run(quick: bool = False) -> list[dict]:
                 healthy = [v for (host, _), v in found.items() if host not in (throttled, JOB)]
                 worst[case].append(max(worse for _, worse in healthy))
                 flagged[case] += any(status != "pass" for status, _ in healthy)
-            throttled_flagged += all(status == "fail" for (host, _), (status, _) in judged["common change out"].items()
-                                     if host == throttled)
+            own = [status for (host, _), (status, _) in judged["common change out"].items() if host == throttled]
+            throttled_flagged += bool(own) and all(status == "fail" for status in own)
             moves += _healthy_moves(newest_first[1], newest_first[2], throttled)
             for night in range(NIGHTS - 1):
                 probes = read_probes(folder / f"night{night}" / "probes.csv")
@@ -134,7 +134,7 @@ def _as_the_history_judges(newest_first: list[dict]) -> dict[tuple[str, str], tu
     nodes = trends(newest_first, RULES)["nodes"]
     statuses = {"ok": "pass", "regression": "warn", "regression (severe)": "fail"}
     return {(host, key): (statuses[row["status"]], row["worse_pct"]) for host, rows in nodes.items()
-            for key, row in rows.items() if key.startswith("pairwise/")}
+            for key, row in rows.items() if key.startswith("pairwise/") and row["baseline"] is not None}
 
 
 def _each_against_its_own(newest_first: list[dict]) -> dict[tuple[str, str], tuple[str, float]]:
@@ -143,8 +143,9 @@ def _each_against_its_own(newest_first: list[dict]) -> dict[tuple[str, str], tup
     out = {}
     for host, node in newest["nodes"].items():
         for key in node["comparable"]:
-            if key.startswith("pairwise/"):
-                baseline = learned([r["nodes"][host]["metrics"][key] for r in earlier], RULES)
+            baseline = learned([r["nodes"][host]["metrics"][key] for r in earlier
+                                if host in r["nodes"] and key in r["nodes"][host]["metrics"]][:RULES.nights], RULES)
+            if key.startswith("pairwise/") and baseline is not None:
                 status, worse = judge(Metric(key, node["metrics"][key], "Gb/s", True), baseline, RULES)
                 out[host, key] = status, 100 * worse
     return out

@@ -288,12 +288,14 @@ def test_what_the_hosts_lost_together_is_the_jobs_and_a_host_regresses_beyond_it
                     lambda host, key: [20.0, 20.5, 19.5])  # every host's earlier nights, the job's too
         return {n.host: n.checks[0] for n in report.nodes}
 
-    # three healthy hosts 40-45% slow together beside a throttled one: the job's loss, not theirs
-    slow = night(11.0, 11.5, 12.0, 0.2, suspected=(3,))
+    # three healthy hosts 40-50% slow together beside a throttled one: the job's loss, not theirs
+    slow = night(10.0, 11.0, 12.0, 0.2, suspected=(3,))
     assert [slow[h].status for h in ("h0", "h1", "h2", "h3", JOB)] == ["pass", "pass", "pass", "fail", "warn"]
-    assert slow["h0"].evidence["common_change_pct"] == {"send_gbps": -42.5}
-    assert "98% beyond the 43% the other hosts lost with it" in slow["h3"].message
-    assert "is 42% worse than its baseline 20" in slow[JOB].message
+    assert slow["h0"].evidence["common_change_pct"] == {"send_gbps": -45.0}
+    assert ("is 99% below its baseline 20 (median of 3 earlier runs); with the 45% the unsuspected hosts' median "
+            "lost taken out, 98%") in slow["h3"].message
+    assert slow["h3"].evidence["regressions"]["send_gbps"]["common_change_pct"] == -45.0
+    assert "is 45% worse than its baseline 20" in slow[JOB].message
     # one host behind the others is still its own regression
     alone = night(20.0, 19.0, 10.0, 21.0)
     assert [alone[h].status for h in ("h0", "h1", "h2", "h3", JOB)] == ["pass", "pass", "warn", "pass", "pass"]
@@ -301,7 +303,7 @@ def test_what_the_hosts_lost_together_is_the_jobs_and_a_host_regresses_beyond_it
     two = night(11.0, 11.0, 0.2, 0.2, suspected=(2, 3))
     assert [two[h].status for h in ("h0", "h1")] == ["warn", "warn"] and "common_change_pct" not in two["h0"].evidence
     # a common gain is not taken out: a host that kept its own baseline has not regressed
-    assert night(30.0, 31.0, 20.0, 29.0)["h2"].status == "pass"
+    assert night(40.0, 40.0, 20.0, 40.0)["h2"].status == "pass"
 
 
 def test_the_history_is_migrated_by_alembic_and_matches_its_model(tmp_path: Path) -> None:
@@ -483,12 +485,15 @@ def nights(tmp_path_factory) -> list[tuple[list[subprocess.CompletedProcess], di
         pytest.skip(reason)
     folder = tmp_path_factory.mktemp("nights")
     # Loopback probes between namespaces on a shared 2-core machine: a healthy host's rates move
-    # a median 29-35% between two healthy nights (benchmarks.health_nights, 2026-12-07), and its
+    # a median 21-35% between two healthy nights (benchmarks.health_nights, 2026-12-07), and its
     # rate on the throttled night is the mean of two probes. There the healthy hosts' probes also
-    # fall together (up to 64%), which flagged a healthy host in CI before the rules took that
-    # common change out. This cluster's operator sets its thresholds (the benchmark's) above how
-    # far rates move between healthy nights; what is left beyond the common change reached 46%
-    # in 10 sessions and, once in 10 more, 64% beside a busy core. The throttle costs 98%.
+    # fall together (the median host up to 64% below its baseline in exploratory sessions, not
+    # kept), which flagged a healthy host in CI before the rules took that
+    # common change out. This cluster's operator sets its thresholds (the benchmark's) above the
+    # median move between healthy nights (21-35%; single moves reach several times that). What
+    # is left beyond the common change reached 46% in 10 sessions and, once in 10 more, 64%
+    # beside a busy core: this test can still fail on a heavily loaded machine (at these
+    # thresholds 1 of 10 busy sessions, 0 of 10 quiet ones). The throttle costs 98%.
     (folder / "health.yaml").write_text(NIGHTS_CONFIG)
     program = [Path(sys.executable).parent / "dpro", "health", "--db", f"sqlite:///{folder}/health.db",
                "--config", folder / "health.yaml"]
@@ -520,6 +525,10 @@ def test_the_throttled_host_is_named_first_and_no_other_is_flagged(nights) -> No
     flagged = [(n["host"], c["name"], c["message"]) for n in report["nodes"] if n["host"] in ("dh-h0", "dh-h1", "dh-h3")
                for c in n["checks"] if c["status"] in ("warn", "fail")]
     assert not flagged and all(verdicts[h] == "healthy" for h in ("dh-h0", "dh-h1", "dh-h3")), flagged
+    # the job's own rates: the median unsuspected host's, where what the hosts lost together is judged
+    rates = {n["host"]: {m["name"]: m["value"] for c in n["checks"] if c["name"] == "pairwise" for m in c["metrics"]}
+             for n in report["nodes"]}
+    assert rates["job"]["send_gbps"] == pytest.approx(np.median([rates[h]["send_gbps"] for h in ("dh-h0", "dh-h1", "dh-h3")]))
     assert all(r.returncode != 0 for r in runs)  # torchrun passes on the verdict as a failure
     # every probe is kept beside the report, and read back points at the same host
     probes = read_probes(folder / "night3" / "probes.csv")

@@ -142,8 +142,10 @@ def test_what_every_pair_of_a_round_lost_at_once_is_the_moments_not_a_paths() ->
     src, dst, rounds, gbps = (np.array(column) for column in zip(*rows))
     night = Probes([f"dh-h{i}" for i in range(4)], src, dst, rounds, gbps.astype(float))
     assert analyze(night) == []
-    assert [(s.kind, s.name) for s in analyze(replace(night, round=np.full(12, -1)))] == [
-        ("path", "dh-h1<->dh-h2"), ("path", "dh-h0<->dh-h3")]  # of no known round: as before
+    two = [("path", "dh-h1<->dh-h2"), ("path", "dh-h0<->dh-h3")]
+    assert [(s.kind, s.name) for s in analyze(night, by_round=False)] == two  # the rule before
+    assert [(s.kind, s.name) for s in analyze(replace(night, round=np.full(12, -1)))] == two  # of no known round
+    assert [(s.kind, s.name) for s in analyze(replace(night, round=np.zeros(12, np.int64)))] == two  # pairs share hosts
     # the round's other pair at full rate: the slow one is a path
     alone = replace(night, value=np.where((src == 1) & (dst == 2), 21.0, night.value))
     assert [(s.kind, s.name) for s in analyze(alone)] == [("path", "dh-h0<->dh-h3")]

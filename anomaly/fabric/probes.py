@@ -218,18 +218,20 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP, by
 def _rounds_loss(probes: Probes, logs: np.ndarray, considered: np.ndarray) -> np.ndarray:
     """Per probe, what every pair of its round lost at once (log scale, 0 for none): the least
     of the pairs' shortfalls below the ``considered`` probes' median, each pair's by its slower
-    direction, in rounds of two pairs or more. A round's pairs share no host, so a loss they all
-    share is the moment's (other traffic, the probers' own load), not a path's. Probes of no
-    known round (-1) lost nothing."""
+    direction, in rounds of two pairs or more that share no host. Those pairs share no host, so
+    a loss they all share is the moment's (other traffic, the probers' own load), not a path's;
+    so is one of a component every pair of the round crosses (a switch over them all), which
+    the matrix alone cannot name anyway. Probes of no known round (-1) lost nothing."""
     loss = np.zeros(len(logs))
     if not considered.any():
         return loss
     shortfall = np.median(logs[considered]) - logs
+    pair = np.minimum(probes.src, probes.dst) * len(probes.hosts) + np.maximum(probes.src, probes.dst)
     for r in np.unique(probes.round[considered & (probes.round >= 0)]):
         in_round = considered & (probes.round == r)
-        pair = np.minimum(probes.src, probes.dst) * len(probes.hosts) + np.maximum(probes.src, probes.dst)
         worst = pd.Series(shortfall[in_round]).groupby(pair[in_round]).max()
-        if len(worst) >= 2:
+        hosts = np.unique(np.r_[probes.src[in_round], probes.dst[in_round]])
+        if len(worst) >= 2 and len(hosts) == 2 * len(worst):
             loss[in_round] = max(0.0, float(worst.min()))
     return loss
 

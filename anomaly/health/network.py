@@ -74,12 +74,12 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
 
 def _typical(pairwise: dict[str, Check], suspected: set[str]) -> Check:
     """The job's ``pairwise`` check: the median of the unsuspected hosts' rates (all hosts' where
-    every one is suspected), what the hosts' own rates are judged beyond
-    (:func:`dpro.anomaly.health.rules.common_changes`)."""
+    every one is suspected), where a loss the hosts share is judged (the hosts' own rates are
+    judged beyond it, :func:`dpro.anomaly.health.rules.common_changes`)."""
     typical = [c for h, c in pairwise.items() if h not in suspected] or list(pairwise.values())
     return Check("pairwise", metrics=[
-        Metric(name, float(np.median([c.metrics[i].value for c in typical])), "Gb/s", True)
-        for i, name in enumerate(("send_gbps", "recv_gbps"))], evidence={"hosts": len(typical)})
+        Metric(name, float(np.median([next(m.value for m in c.metrics if m.name == name) for c in typical])),
+               "Gb/s", True) for name in ("send_gbps", "recv_gbps")], evidence={"hosts": len(typical)})
 
 
 def _with_peers(matrix: np.ndarray, i: int, suspected: list[int]) -> tuple[np.ndarray, np.ndarray, list[int]]:

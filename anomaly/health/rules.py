@@ -103,15 +103,16 @@ def _log_shortfall(metric: Metric, baseline: Baseline) -> float:
     return ratio if metric.higher_is_better else -ratio
 
 
-def common_changes(judged: Iterable[tuple[str, str, float, Baseline]], suspected: set[str]) -> dict[str, float]:
-    """The night's common change of each peered key (``pairwise/...``) from ``(host, key, value,
-    baseline)``: the median of the unsuspected hosts' ratios of value to baseline (higher is
-    better), where there are :data:`MIN_HOSTS` or more and it is a loss; else 1 (a common gain is
-    not taken out: a host that kept its own baseline has not regressed). The job's own value is
-    not one of them."""
+def common_changes(judged: Iterable[tuple[str, str, Metric, Baseline]], suspected: set[str]) -> dict[str, float]:
+    """The night's common change of each peered key (``pairwise/...``, where higher is better)
+    from ``(host, key, metric, baseline)``: the median of the unsuspected hosts' ratios of value
+    to baseline (the judged host's own among them), where there are :data:`MIN_HOSTS` or more and
+    it is a loss; else 1 (a common gain is not taken out: a host that kept its own baseline has
+    not regressed). The job's own value is not one of them."""
     ratios: dict[str, list[float]] = {}
-    for host, key, value, baseline in judged:
-        if key.startswith(f"{PEERED}/"):
+    for host, key, metric, baseline in judged:
+        value = metric.value
+        if key.startswith(f"{PEERED}/") and metric.higher_is_better:
             found = ratios.setdefault(key, [])
             if host != JOB and host not in suspected and baseline.value > 0 and value > 0:
                 found.append(value / baseline.value)
@@ -137,12 +138,12 @@ def apply_rules(report: HealthReport, config: HealthConfig,
                     learned(history(node.host, key)[:config.rules.nights], config.rules) if history else None
                 if baseline is None:
                     check.evidence.setdefault("no_baseline", []).append(metric.name)
-                    if check.name != "pairwise" or not report.suspects:
+                    if check.name != PEERED or not report.suspects:
                         _against_line_rate(check, metric, rates.get(node.host), config.rules)
                     continue
                 metric.baseline = baseline.value
                 compared.append((node.host, check, metric, baseline))
-    common = common_changes(((host, f"{c.name}/{m.name}", m.value, b) for host, c, m, b in compared),
+    common = common_changes(((host, f"{c.name}/{m.name}", m, b) for host, c, m, b in compared),
                             {s.host for s in report.suspects if s.kind in ("host", "nic")})
     for host, check, metric, baseline in compared:
         shared = common.get(f"{check.name}/{metric.name}", 1.0) if host != JOB else 1.0
@@ -152,12 +153,14 @@ def apply_rules(report: HealthReport, config: HealthConfig,
         if status != "pass":
             check.evidence.setdefault("regressions", {})[metric.name] = {
                 "value": round(metric.value, 4), "baseline": round(baseline.value, 4),
-                "worse_pct": round(worse * 100, 1), "baseline_from": baseline.source}
+                "worse_pct": round(worse * 100, 1), "baseline_from": baseline.source,
+                **({"common_change_pct": round((shared - 1) * 100, 1)} if shared < 1.0 else {})}
             if shared == 1.0:
                 said = f"is {worse:.0%} worse than its baseline {baseline.value:.4g} ({baseline.source})"
             else:
                 said = (f"is {1 - metric.value / baseline.value:.0%} below its baseline {baseline.value:.4g} "
-                        f"({baseline.source}), {worse:.0%} beyond the {1 - shared:.0%} the other hosts lost with it")
+                        f"({baseline.source}); with the {1 - shared:.0%} the unsuspected hosts' median lost taken "
+                        f"out, {worse:.0%}")
             check.escalate(status, f"{metric.name} {metric.value:.4g} {metric.unit} {said}")
 
 

@@ -14,7 +14,7 @@ from dpro.anomaly.health.history import History
 from dpro.anomaly.health.model import JOB, Metric
 from dpro.anomaly.health.rules import common_changes, judge, learned
 
-__all__ = ["newest_trends", "rules_of", "trends"]
+__all__ = ["beyond", "newest_trends", "rules_of", "trends"]
 
 
 def rules_of(run: dict[str, Any]) -> Rules:
@@ -36,7 +36,8 @@ def newest_trends(history: History, rules: Rules | None = None, shown: int = 1,
 
 def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | None = None) -> dict[str, Any]:
     """``{"runs": [{id, started, verdict}] oldest first, "nodes": {host: {key: {"values",
-    "baseline", "worse_pct", "status"}}}, "regressions": [...]}`` from :meth:`History.runs`
+    "baseline", "worse_pct", "common_change_pct", "status"}}}, "regressions": [...]}`` (``worse_pct``
+    with the common change taken out, None where none was) from :meth:`History.runs`
     (newest first), judged by ``rules`` (default: the newest run's)."""
     out: dict[str, Any] = {"runs": [{k: r[k] for k in ("id", "started", "verdict")} for r in reversed(runs)],
                            "nodes": {}, "regressions": []}
@@ -48,7 +49,8 @@ def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | N
                            if name in r["nodes"] and key in r["nodes"][name]["metrics"]][:rules.nights]
              for name, node in newest["nodes"].items() for key in node["comparable"]}
     baselines = {at: learned(past, rules) for at, past in pasts.items()}
-    common = common_changes(((name, key, newest["nodes"][name]["metrics"][key], b)
+    common = common_changes(((name, key, Metric(key, newest["nodes"][name]["metrics"][key], "",
+                                                newest["nodes"][name]["comparable"][key]), b)
                              for (name, key), b in baselines.items() if b is not None),
                             {s.get("host") for s in newest["suspects"] if s["kind"] in ("host", "nic")})
     for name, node in sorted(newest["nodes"].items()):
@@ -62,14 +64,22 @@ def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | N
             row: dict[str, Any] = {"values": [*reversed(past), value], "baseline": None, "worse_pct": None,
                                    "status": "no baseline"}
             if baseline is not None:
-                status, worse = judge(Metric(key, value, "", higher), baseline, rules,
-                                      common.get(key, 1.0) if name != JOB else 1.0)
-                row.update(baseline=round(baseline.value, 4), worse_pct=round(worse * 100, 1),
+                shared = common.get(key, 1.0) if name != JOB else 1.0
+                status, worse = judge(Metric(key, value, "", higher), baseline, rules, shared)
+                taken = {"common_change_pct": round((shared - 1) * 100, 1) if shared < 1.0 else None}
+                row.update(baseline=round(baseline.value, 4), worse_pct=round(worse * 100, 1), **taken,
                            status={"pass": "ok", "warn": "regression", "fail": "regression (severe)"}[status])
                 if status != "pass":
                     out["regressions"].append({"host": name, "metric": key, "value": value,
                                                "baseline": round(baseline.value, 4), "worse_pct": round(worse * 100, 1),
-                                               "run": newest["id"]})
+                                               **taken, "run": newest["id"]})
             rows[key] = row
         out["nodes"][name] = rows
     return out
+
+
+def beyond(row: dict[str, Any]) -> str:
+    """What a trend row's (or regression's) ``worse_pct`` left out, said: the unsuspected hosts'
+    common change, if any."""
+    common = row.get("common_change_pct")
+    return "" if common is None else f" beyond the hosts' common {common:+.1f}%"

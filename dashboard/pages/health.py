@@ -8,6 +8,7 @@ from typing import Any
 
 from dash import Input, Output, dcc, html
 
+from dpro.anomaly.health.trends import beyond
 from dpro.dashboard.figures import heatmap_figure, trend_figure, verdict_figure
 from dpro.dashboard.health_history import HealthView
 from dpro.dashboard.pages.common import figure, missing, table
@@ -58,7 +59,7 @@ def register(app: Any, health: HealthView) -> None:
 def _trend(health: HealthView, metric: str) -> Any:
     better = "higher" if health.metrics[metric] else "lower"
     flagged = {r["host"]: f"{r['value']:.4g}, {r['worse_pct']:+.1f}% worse than its baseline {r['baseline']:.4g}"
-               for r in health.regressions if r["metric"] == metric}
+                          + beyond(r) for r in health.regressions if r["metric"] == metric}
     return trend_figure(health.nights, health.series(metric), f"{metric} per node ({better} is better; "
                         "×: a regression in the last night)", flagged)
 
@@ -66,6 +67,7 @@ def _trend(health: HealthView, metric: str) -> Any:
 def _regressions(health: HealthView) -> Any:
     if not health.regressions:
         return html.P("None: no node's last night is worse than the nights before it.", id="health-regressions")
-    rows = [[r["host"], r["metric"], r["value"], r["baseline"], f"{r['worse_pct']:+.1f}%"] for r in health.regressions]
+    rows = [[r["host"], r["metric"], r["value"], r["baseline"], f"{r['worse_pct']:+.1f}%{beyond(r)}"]
+            for r in health.regressions]
     return table(["node", "metric", "last night", "baseline (earlier nights)", "worse by"], rows,
                  id="health-regressions")

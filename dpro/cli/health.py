@@ -173,6 +173,8 @@ def history_command(db: str | None, cluster: str | None, as_json: bool, nights: 
 
 
 def _print_trends(found: dict[str, Any]) -> None:
+    from dpro.anomaly.health.trends import beyond
+
     runs = found["runs"]
     if not runs:
         click.echo("No run in the history yet.")
@@ -183,10 +185,11 @@ def _print_trends(found: dict[str, Any]) -> None:
         click.echo(f"\n{host}")
         for key, row in rows.items():
             values = " ".join(f"{v:.3g}" for v in row["values"])
-            change = f"{row['worse_pct']:+.1f}% worse" if row["worse_pct"] is not None else ""
+            change = f"{row['worse_pct']:+.1f}% worse{beyond(row)}" if row["worse_pct"] is not None else ""
             flag = "  <-- " + row["status"].upper() if row["status"].startswith("regression") else ""
             click.echo(f"  {key:<40} {values:<40} {change}{flag}")
     if found["regressions"]:
         click.echo(f"\n{len(found['regressions'])} regressions in the newest run:")
         for r in found["regressions"]:
-            click.echo(f"  {r['host']} {r['metric']}: {r['value']:.4g} vs {r['baseline']:.4g} ({r['worse_pct']:+.1f}%)")
+            click.echo(f"  {r['host']} {r['metric']}: {r['value']:.4g} vs {r['baseline']:.4g} "
+                       f"({r['worse_pct']:+.1f}%{beyond(r)})")
