@@ -28,8 +28,7 @@ from pathlib import Path
 from dpro.anomaly.fabric.probes import analyze, read_probes
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.history import History
-from dpro.anomaly.health.model import JOB, Metric
-from dpro.anomaly.health.rules import judge, learned
+from dpro.anomaly.health.model import JOB
 from dpro.anomaly.health.trends import trends
 from tools.testing.netns import NetnsCluster, can_build_namespaces, torchrun_across_hosts
 
@@ -37,7 +36,8 @@ HOSTS = 4
 THROTTLED = 2
 NIGHTS = 4
 RULES = Rules(degraded_pct=50, failed_pct=75)
-CONFIG = "collectives: {sizes_mb: [1, 4]}\nrules: {degraded_pct: 50, failed_pct: 75}\n"
+CONFIG = (f"collectives: {{sizes_mb: [1, 4]}}\n"
+          f"rules: {{degraded_pct: {RULES.degraded_pct:g}, failed_pct: {RULES.failed_pct:g}}}\n")
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -67,7 +67,7 @@ def run(quick: bool = False) -> list[dict]:
             with History.open(url, read_only=True) as history:
                 newest_first = history.runs()
             judged = {"common change out": _as_the_history_judges(newest_first),
-                      "own baseline alone": _each_against_its_own(newest_first)}
+                      "own baseline alone": _as_the_history_judges(newest_first, beyond_common=False)}
             for case, found in judged.items():
                 healthy = [v for (host, _), v in found.items() if host not in (throttled, JOB)]
                 worst[case].append(max(worse for _, worse in healthy))
@@ -129,26 +129,14 @@ def _session(folder: Path, url: str, session: int) -> str:
         return cluster.hosts[THROTTLED].name
 
 
-def _as_the_history_judges(newest_first: list[dict]) -> dict[tuple[str, str], tuple[str, float]]:
-    """Each host's pairwise status and drop (%) as ``dpro health history`` judges the newest night."""
-    nodes = trends(newest_first, RULES)["nodes"]
+def _as_the_history_judges(newest_first: list[dict], beyond_common: bool = True
+                           ) -> dict[tuple[str, str], tuple[str, float]]:
+    """Each host's pairwise status and drop (%) as ``dpro health history`` judges the newest
+    night (``beyond_common=False``: each host against its own baseline alone)."""
+    nodes = trends(newest_first, RULES, beyond_common=beyond_common)["nodes"]
     statuses = {"ok": "pass", "regression": "warn", "regression (severe)": "fail"}
     return {(host, key): (statuses[row["status"]], row["worse_pct"]) for host, rows in nodes.items()
             for key, row in rows.items() if key.startswith("pairwise/") and row["baseline"] is not None}
-
-
-def _each_against_its_own(newest_first: list[dict]) -> dict[tuple[str, str], tuple[str, float]]:
-    """Each host's pairwise status and drop (%) against its own baseline, nothing taken out."""
-    newest, earlier = newest_first[0], newest_first[1:]
-    out = {}
-    for host, node in newest["nodes"].items():
-        for key in node["comparable"]:
-            baseline = learned([r["nodes"][host]["metrics"][key] for r in earlier
-                                if host in r["nodes"] and key in r["nodes"][host]["metrics"]][:RULES.nights], RULES)
-            if key.startswith("pairwise/") and baseline is not None:
-                status, worse = judge(Metric(key, node["metrics"][key], "Gb/s", True), baseline, RULES)
-                out[host, key] = status, 100 * worse
-    return out
 
 
 def _healthy_moves(later: dict, earlier: dict, throttled: str) -> list[float]:

@@ -103,21 +103,24 @@ def _log_shortfall(metric: Metric, baseline: Baseline) -> float:
     return ratio if metric.higher_is_better else -ratio
 
 
-def common_changes(judged: Iterable[tuple[str, str, Metric, Baseline]], suspected: set[str]) -> dict[str, float]:
-    """The night's common change of each peered key (``pairwise/...``, where higher is better)
-    from ``(host, key, metric, baseline)``: the median of the unsuspected hosts' ratios of value
-    to baseline (the judged host's own among them), where there are :data:`MIN_HOSTS` or more and
-    it is a loss; else 1 (a common gain is not taken out: a host that kept its own baseline has
-    not regressed). The job's own value is not one of them."""
+def common_changes(judged: Iterable[tuple[str, str, Metric, Baseline]],
+                   suspected: set[str]) -> dict[tuple[str, str], float]:
+    """The common change each host's value of a peered key (``pairwise/...``, where higher is
+    better) is judged beyond, by ``(host, key)``, from ``(host, key, metric, baseline)``: the
+    median of the unsuspected hosts' ratios of value to baseline (the judged host's own among
+    them), where there are :data:`MIN_HOSTS` or more and it is a loss; else 1 (a common gain is
+    not taken out: a host that kept its own baseline has not regressed). The job's own value is
+    neither one of them nor judged beyond them."""
+    hosts = [(host, key, metric, baseline) for host, key, metric, baseline in judged
+             if host != JOB and key.startswith(f"{PEERED}/") and metric.higher_is_better]
     ratios: dict[str, list[float]] = {}
-    for host, key, metric, baseline in judged:
-        value = metric.value
-        if key.startswith(f"{PEERED}/") and metric.higher_is_better:
-            found = ratios.setdefault(key, [])
-            if host != JOB and host not in suspected and baseline.value > 0 and value > 0:
-                found.append(value / baseline.value)
-    return {key: min(1.0, float(np.median(found))) if len(found) >= MIN_HOSTS else 1.0
-            for key, found in ratios.items()}
+    for host, key, metric, baseline in hosts:
+        found = ratios.setdefault(key, [])
+        if host not in suspected and baseline.value > 0 and metric.value > 0:
+            found.append(metric.value / baseline.value)
+    common = {key: min(1.0, float(np.median(found))) if len(found) >= MIN_HOSTS else 1.0
+              for key, found in ratios.items()}
+    return {(host, key): common[key] for host, key, _, _ in hosts}
 
 
 def apply_rules(report: HealthReport, config: HealthConfig,
@@ -146,7 +149,7 @@ def apply_rules(report: HealthReport, config: HealthConfig,
     common = common_changes(((host, f"{c.name}/{m.name}", m, b) for host, c, m, b in compared),
                             {s.host for s in report.suspects if s.kind in ("host", "nic")})
     for host, check, metric, baseline in compared:
-        shared = common.get(f"{check.name}/{metric.name}", 1.0) if host != JOB else 1.0
+        shared = common.get((host, f"{check.name}/{metric.name}"), 1.0)
         if shared < 1.0:
             check.evidence.setdefault("common_change_pct", {})[metric.name] = round((shared - 1) * 100, 1)
         status, worse = judge(metric, baseline, config.rules, shared)

@@ -11,7 +11,7 @@ from typing import Any
 
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.history import History
-from dpro.anomaly.health.model import JOB, Metric
+from dpro.anomaly.health.model import Metric
 from dpro.anomaly.health.rules import common_changes, judge, learned
 
 __all__ = ["beyond", "newest_trends", "rules_of", "trends"]
@@ -34,11 +34,13 @@ def newest_trends(history: History, rules: Rules | None = None, shown: int = 1,
     return runs, trends(runs, rules, host)
 
 
-def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | None = None) -> dict[str, Any]:
+def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | None = None,
+           beyond_common: bool = True) -> dict[str, Any]:
     """``{"runs": [{id, started, verdict}] oldest first, "nodes": {host: {key: {"values",
     "baseline", "worse_pct", "common_change_pct", "status"}}}, "regressions": [...]}`` (``worse_pct``
     with the common change taken out, None where none was) from :meth:`History.runs`
-    (newest first), judged by ``rules`` (default: the newest run's)."""
+    (newest first), judged by ``rules`` (default: the newest run's); ``beyond_common=False``: each
+    host against its own baseline alone, the rule before, for comparison."""
     out: dict[str, Any] = {"runs": [{k: r[k] for k in ("id", "started", "verdict")} for r in reversed(runs)],
                            "nodes": {}, "regressions": []}
     if not runs:
@@ -49,23 +51,24 @@ def trends(runs: list[dict[str, Any]], rules: Rules | None = None, host: str | N
                            if name in r["nodes"] and key in r["nodes"][name]["metrics"]][:rules.nights]
              for name, node in newest["nodes"].items() for key in node["comparable"]}
     baselines = {at: learned(past, rules) for at, past in pasts.items()}
-    common = common_changes(((name, key, Metric(key, newest["nodes"][name]["metrics"][key], "",
-                                                newest["nodes"][name]["comparable"][key]), b)
-                             for (name, key), b in baselines.items() if b is not None),
-                            {s.get("host") for s in newest["suspects"] if s["kind"] in ("host", "nic")})
+    measured = {(name, key): Metric(key, node["metrics"][key], "", higher)
+                for name, node in newest["nodes"].items() for key, higher in node["comparable"].items()}
+    common = common_changes(((name, key, measured[name, key], b) for (name, key), b in baselines.items() if b is not None),
+                            {s.get("host") for s in newest["suspects"] if s["kind"] in ("host", "nic")}
+                            ) if beyond_common else {}
     for name, node in sorted(newest["nodes"].items()):
         if host is not None and name != host:
             continue
         rows = {}
-        for key, higher in sorted(node["comparable"].items()):
+        for key in sorted(node["comparable"]):
             past = pasts[name, key]
             value = node["metrics"][key]
             baseline = baselines[name, key]
             row: dict[str, Any] = {"values": [*reversed(past), value], "baseline": None, "worse_pct": None,
                                    "status": "no baseline"}
             if baseline is not None:
-                shared = common.get(key, 1.0) if name != JOB else 1.0
-                status, worse = judge(Metric(key, value, "", higher), baseline, rules, shared)
+                shared = common.get((name, key), 1.0)
+                status, worse = judge(measured[name, key], baseline, rules, shared)
                 taken = {"common_change_pct": round((shared - 1) * 100, 1) if shared < 1.0 else None}
                 row.update(baseline=round(baseline.value, 4), worse_pct=round(worse * 100, 1), **taken,
                            status={"pass": "ok", "warn": "regression", "fail": "regression (severe)"}[status])
