@@ -98,6 +98,11 @@ NO_PEERS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0)
 DISTIL_GRID, DISTIL_Z_CLASSES = (float("-inf"), -0.5, 0.0, 0.5), (5.5, 6.0, 6.5)
 SWEEPS_GRID = (1, 3, 5, 8)
 PASSES_GRID, PASSES_Z_CLASSES = (3, 5, 8), (6.0, 6.5, 7.0)
+HEALTHY_TRIALS = 4
+""":func:`tune_passes` runs this many times as many trials without a fault as with one: at 100
+a point, a false-alarm rate is judged in steps of 0.01 against a goal of 0.02 (run so first, every
+setting was 0.03 or 0.02 at the light goal's worst point, and the tuner's choice turned on one
+trial)."""
 
 Localize = Callable[["Case", Probes], list[Suspect]]
 
@@ -135,13 +140,15 @@ class Case:
 class Tally:
     """Per trial of one point of the sweep: the fault's kind, whether it was found, suspects
     right and named (and the baseline's), whether the first sweep alone found it, the probes
-    spent, and the localizer's seconds."""
+    spent and the rounds they took (the check's time), and the localizer's seconds."""
 
     kinds: list[str] = field(default_factory=list)
     found: list[bool] = field(default_factory=list)
     first_found: list[bool] = field(default_factory=list)
     first_named: list[int] = field(default_factory=list)
     probes: list[int] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
     right: list[int] = field(default_factory=list)
     named: list[int] = field(default_factory=list)
     baseline_found: list[bool] = field(default_factory=list)
@@ -253,6 +260,8 @@ def trial(case: Case, rng: np.random.Generator, size: float, noise: float, backg
     tally.right.append(sum(right))
     tally.named.append(len(suspects))
     tally.probes.append(len(probes.value))
+    tally.rounds.append(len(np.unique(probes.round)))
+    tally.rounds.append(len(np.unique(probes.round)))
     alone = first_sweep_alone(case, first_sweep)
     tally.first_found.append(fault is not None and any(finds(s, fault) for s in alone))
     tally.first_named.append(len(alone))
@@ -325,7 +334,8 @@ def rows_of(results: dict, seed: int, fabrics: list[Case]) -> list[dict]:
         case = (f"{name}, others slow {exposure[name, background]:.0%} of probes, noise {noise:.0%}, "
                 + (f"fault {size:.0%}" if size else "no fault") + f", {len(t.found)} trials (seed {seed})")
         spent = (f"{np.mean(t.probes):.0f} probes a trial, each the median of {SWEEPS} repeats, "
-                 f"{np.mean(t.probes) / first_sweep[name]:.2f}x the first sweep")
+                 f"{np.mean(t.probes) / first_sweep[name]:.2f}x the first sweep, in {np.mean(t.rounds):.0f} rounds, "
+                 f"{np.mean(t.rounds) / len(by_name[name].rounds):.2f}x its")
         if not size:
             alarms, baseline = t.alarms(), np.mean(np.asarray(t.baseline_named) > 0)
             low, high = wilson(int(np.sum(np.asarray(t.named) > 0)), len(t.named))
@@ -479,8 +489,9 @@ def tune_passes(faults: int = TUNING_FAULTS) -> tuple[int, float]:
     threshold after them (``z_class``): of ``PASSES_GRID`` by ``PASSES_Z_CLASSES``, the best mean
     recall at 10–40% faults among those whose false alarms stay within the goals on each fabric
     (``LIGHT`` at both noises of the grid, ``HEAVY``); if none does, the fewest false alarms under
-    ``LIGHT``. Paired: every setting runs the same trials (each trial its own generator, of
-    ``TUNING_SEED`` and the trial's place), so they part only where one follows up further; its
+    ``LIGHT``. ``HEALTHY_TRIALS`` times as many trials without a fault. Paired: every setting runs
+    the same trials (each trial its own generator, of ``TUNING_SEED`` and the trial's place), so
+    they part only where one follows up further; its
     thresholds judge the same probes. Prints each setting's figures with the rounds a trial
     measured (the check's time) against the first sweep's (the tuned fabrics only)."""
     with ProcessPoolExecutor() as pool:
@@ -492,9 +503,13 @@ def tune_passes(faults: int = TUNING_FAULTS) -> tuple[int, float]:
         light = max(np.mean(v) for (_, b, _, size), v in hits[z_class].items() if b == LIGHT and not size)
         heavy = max(np.mean(v) for (_, b, _, size), v in hits[z_class].items() if b == HEAVY and not size)
         recall = float(np.mean([np.mean(v) for (_, _, _, size), v in hits[z_class].items() if size]))
+        alarms = "; ".join(name.split(",")[0] + " " + ", ".join(
+            f"{np.mean(v):.3f}" for (n, _, _, size), v in hits[z_class].items() if n == name and not size)
+            for name in first)
         spent = ", ".join(f"{name.split(',')[0]} {np.mean(r) / first[name]:.2f}x" for name, r in rounds.items())
         print(f"passes {passes}, z_class {z_class}: false alarms {light:.3f} light, {heavy:.3f} heavy (worst fabric "
-              f"and noise); mean recall {recall:.3f}; rounds a trial against the first sweep's: {spent}", flush=True)
+              f"and noise; by fabric, light 5% and 10% noise, heavy: {alarms}); mean recall {recall:.3f}; rounds a trial against "
+              f"the first sweep's: {spent}", flush=True)
         within = light <= GOAL_ALARMS[LIGHT] and heavy <= GOAL_ALARMS[HEAVY]
         key = (within, recall if within else -light)
         if key > best:
@@ -513,7 +528,7 @@ def _passed(passes: int, faults: int) -> tuple[dict, dict[str, list[int]]]:
     rounds: dict[str, list[int]] = {case.name: [] for case in tuned}
     for c, case in enumerate(tuned):
         for g, (background, noise, size) in enumerate(grid):
-            for i in range(faults):
+            for i in range(faults if size else HEALTHY_TRIALS * faults):
                 rng = np.random.default_rng([TUNING_SEED, c, g, i])
                 fault, probes = probed(case, rng, size, noise, background, Follow(passes=passes))
                 rounds[case.name].append(len(np.unique(probes.round)))
