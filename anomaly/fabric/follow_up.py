@@ -45,8 +45,9 @@ bar after follow-ups rose with it.
 (``--tune-sweeps``), on the paths a job's connections keep; :data:`DISTIL` and :data:`Z_CLASS`
 together (``--tune-distil``: 0.0 and 6.5 of -inf, -0.5, 0.0, 0.5 by 5.5, 6.0, 6.5, the best
 mean recall at 10–40% faults within the false-alarm goals, then judged on the two fabrics'
-trials pooled; -inf and 5.5 before, every pair probed again). :data:`EXTRA` (one more sweep at
-most: the check's time), :data:`CONFIRM` and :data:`PASSES` were set, not tuned.
+trials pooled; -inf and 5.5 before, every pair probed again); :data:`PASSES` and
+:data:`Z_CLASS` again later (``--tune-passes``). :data:`EXTRA` (one more sweep at most: the
+check's time) and :data:`CONFIRM` were set, not tuned.
 """
 
 from __future__ import annotations
@@ -68,7 +69,16 @@ __all__ = ["CONFIRM", "DISTIL", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS",
 DOUBT = 0.3
 CONFIRM = 2.0
 EXTRA = 1.0
-PASSES = 3
+PASSES = 8
+"""The most follow-up passes; most checks stop sooner, when nothing is left in doubt or the
+extra pairs reach :data:`EXTRA` times the first sweep's. A slow link among a fat-tree pod's
+four uplinks gains about one deviation of pooled evidence a pass, so three passes left many short
+of the bar (tuning seed 1, 40 trials of a 10% inter-switch fault in 5% noise: of the 9 missed,
+the faulty class of 7 was still gaining at the third). Chosen with :data:`Z_CLASS` by ``benchmarks.health_localization
+--tune-passes`` (3, 5, 8 passes by bars 6.0, 6.5, 7.0, paired trials): mean recall at 10–40%
+faults 0.846 at 3 passes and 6.5 (before), 0.864 at 8 and 7.0, whose light-background false
+alarms (0.013) are within 0.02 where 0.028 were not; the rounds a trial 1.98 times the first
+sweep's, 1.80 before."""
 SWEEPS = 8
 """How many times each round is measured, each repeat a share of its probe time (see the module
 docstring)."""
@@ -77,11 +87,11 @@ DISTIL = 0.5
 ``z``) is not probed again for it (see the module docstring); ``-inf``: every pair is. Chosen on
 the tuning seed with each fabric's false alarms judged on its own (it was 0.0 when the tuner
 pooled the fabrics)."""
-Z_CLASS = 6.5
+Z_CLASS = 7.0
 """The pooled threshold after follow-ups: other tenants' traffic slows a few probes of every
 class, and follow-ups add probes to the classes the first sweep's chance picked, fewer of them
 where they are distilled; a stricter bar keeps false alarms where the first sweep alone had
-them."""
+them. 6.5 at three passes; 7.0 chosen with :data:`PASSES` (see there)."""
 
 Measure = Callable[[list[list[tuple[int, int]]], int], Probes]
 """Probes the rounds given, numbering them from the second argument; the probes measured."""
