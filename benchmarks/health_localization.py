@@ -66,10 +66,12 @@ from dpro.anomaly.suspects import Suspect
 from . import fabric_sim as sim
 
 TUNING_SEED = 1
-SCORING_SEED = 3481679
-"""Drawn at 14:49 UTC on 2026-12-07, after the masked NICs' repeated follow-ups in their reviewed form
-(``74effe7``) were committed, and committed before its run; scored once
-(``docs/results/2026-12-07/health-localization-seed3481679.*``). Earlier: 4963184 (drawn for their
+SCORING_SEED = 9041655
+"""Drawn at 19:46 UTC on 2026-12-07, after the follow-ups' 8 passes and bar 7.0 (``6121a4b``) were
+committed, and committed before its run; scored once
+(``docs/results/2026-12-07/health-localization-seed9041655.*``). Earlier: 3481679 (drawn after the
+masked NICs' repeated follow-ups in their reviewed form, ``74effe7``;
+``docs/results/2026-12-07/health-localization-seed3481679.*``), 4963184 (drawn for their
 first form, ``6fa6b25``; its run was stopped before it printed anything, when a cold review found
 its repeat count drifting between passes and wrong for uneven leaves), 9529589 (``DISTIL`` 0.5,
 chosen on seed 1 by ``--tune-distil`` judging each fabric's false alarms on its own, ``2f09bcc``;
