@@ -12,13 +12,15 @@ and the throttled host's flagged in every one. The noise floor beside them: how 
 hosts' rates move between two healthy nights of the same session (the median and largest change
 of night 2 against night 1, either way). And the healthy nights (the first three of each session)
 whose probes name any suspect, as the check analyses them (a path judged beyond what every pair
-of its round lost at once) and, the baseline, the same probes analysed as measured.
+of its round lost at once, and probed again to confirm it) and, the baseline, the first sweep's
+probes analysed as measured; beside them, the first sweep by round alone.
 
     python -m benchmarks health_nights [--quick]
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -50,7 +52,7 @@ def run(quick: bool = False) -> list[dict]:
     flagged: dict[str, int] = {case: 0 for case in worst}
     throttled_flagged = 0
     moves: list[float] = []
-    named: dict[str, int] = {"by round": 0, "as measured": 0}
+    named: dict[str, int] = {"as the check judges": 0, "first sweep, by round": 0, "as measured": 0}
     with tempfile.TemporaryDirectory() as tmp:
         for session in range(sessions):
             folder = Path(tmp) / f"session{session}"
@@ -77,8 +79,10 @@ def run(quick: bool = False) -> list[dict]:
             moves += _healthy_moves(newest_first[1], newest_first[2], throttled)
             for night in range(NIGHTS - 1):
                 probes = read_probes(folder / f"night{night}" / "probes.csv")
-                named["by round"] += bool(analyze(probes))
-                named["as measured"] += bool(analyze(probes, by_round=False))
+                first_sweep = probes.take(probes.round < _first_sweep_rounds(folder / f"night{night}"))
+                named["as the check judges"] += bool(analyze(probes))
+                named["first sweep, by round"] += bool(analyze(first_sweep))
+                named["as measured"] += bool(analyze(first_sweep, by_round=False))
             print(f"health_nights: session {session}{' (busy loop beside it)' if session % 2 else ''}: "
                   "healthy hosts' worst pairwise drop "
                   + ", ".join(f"{case} {worst[case][-1]:.1f}%" for case in worst), file=sys.stderr, flush=True)
@@ -100,12 +104,15 @@ def run(quick: bool = False) -> list[dict]:
                  "ratio": max(worst["common change out"]) / max(worst["own baseline alone"]),
                  "goal": f"< {RULES.degraded_pct:g}", "met": max(worst["common change out"]) < RULES.degraded_pct})
     healthy_nights = sessions * (NIGHTS - 1)
-    print(f"health_nights: healthy nights naming a suspect: {named['by round']} of {healthy_nights} "
-          f"(as measured: {named['as measured']})", file=sys.stderr)
+    print(f"health_nights: healthy nights naming a suspect: {named['as the check judges']} of {healthy_nights} "
+          f"(the first sweep by round, before paths were probed again: {named['first sweep, by round']}; "
+          f"as measured: {named['as measured']})", file=sys.stderr)
     rows.append({"benchmark": "health_nights", "case": f"{HOSTS} namespace hosts, {healthy_nights} healthy nights",
-                 "metric": "nights naming a suspect", "dpro": named["by round"],
-                 "baseline": named["as measured"], "ratio": named["by round"] / max(1, named["as measured"]),
-                 "goal": "0", "met": named["by round"] == 0})
+                 "metric": "nights naming a suspect (the first sweep by round, before paths were probed again: "
+                           f"{named['first sweep, by round']})", "dpro": named["as the check judges"],
+                 "baseline": named["as measured"],
+                 "ratio": named["as the check judges"] / max(1, named["as measured"]),
+                 "goal": "0", "met": named["as the check judges"] == 0})
     rows.append({"benchmark": "health_nights", "case": f"{HOSTS} namespace hosts, one link at 200 Mb/s",
                  "metric": "sessions flagging the throttled host failed", "dpro": throttled_flagged,
                  "baseline": sessions, "ratio": throttled_flagged / sessions, "goal": f"{sessions} of {sessions}",
@@ -127,6 +134,11 @@ def _session(folder: Path, url: str, session: int) -> str:
                 raise RuntimeError(f"session {session} night {night}: dpro health could not run: "
                                    f"{runs[0].stderr[-2000:]}")
         return cluster.hosts[THROTTLED].name
+
+
+def _first_sweep_rounds(night: Path) -> int:
+    """How many rounds the night's first sweep had (its probes' rounds come first)."""
+    return json.loads((night / "health.json").read_text())["pairwise"]["first_sweep_rounds"]
 
 
 def _as_the_history_judges(newest_first: list[dict], beyond_common: bool = True

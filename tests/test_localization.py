@@ -22,7 +22,7 @@ from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.run.stragglers import collective_stats, slow_transfers, stragglers
 from dpro.anomaly.suspects import to_json
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z
-from dpro.anomaly.fabric.follow_up import SWEEPS, follow_up, probe_adaptively, repeated
+from dpro.anomaly.fabric.follow_up import SWEEPS, confirm_paths, follow_up, probe_adaptively, repeated
 from dpro.anomaly.fabric.localize import localize, weigh
 from dpro.anomaly.fabric.routing import paths
 from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
@@ -152,6 +152,39 @@ def test_what_every_pair_of_a_round_lost_at_once_is_the_moments_not_a_paths() ->
     # a host slow in every round is still named: in each round one pair is not
     throttled = replace(night, value=np.where((src == 2) | (dst == 2), 0.2, np.where(night.value < 12, 21.0, night.value)))
     assert [(s.kind, s.name) for s in analyze(throttled)] == [("host", "dh-h2")]
+
+
+def test_a_path_the_matrix_names_is_probed_again_and_kept_only_if_still_slow() -> None:
+    # a healthy night of the 4-host namespace test (2026-12-07), Gb/s: h0 -> h2 at 43% of the
+    # others' rate, the other pair of its round within 24%, so the round's loss leaves it named
+    rows = [(0, 3, 0, 19.9), (0, 2, 1, 8.58), (0, 1, 2, 20.0), (1, 2, 0, 18.8), (1, 3, 1, 14.8), (1, 0, 2, 16.4),
+            (2, 1, 0, 19.1), (2, 0, 1, 16.9), (2, 3, 2, 19.1), (3, 0, 0, 21.5), (3, 1, 1, 15.0), (3, 2, 2, 22.7)]
+    src, dst, rounds, gbps = (np.array(column) for column in zip(*rows))
+    night = Probes([f"dh-h{i}" for i in range(4)], src, dst, rounds, gbps.astype(float))
+    assert [(s.kind, s.name) for s in analyze(night)] == [("path", "dh-h0<->dh-h2")]
+    asked = []
+
+    def measure(slow: float) -> Callable:
+        def probe(rounds: list[list[tuple[int, int]]], first_round: int) -> Probes:
+            asked.append((rounds, first_round))
+            pairs = [(a, b, first_round + r) for r, pairs in enumerate(rounds) for a, b in pairs]
+            ways = [(a, b, r) for a, b, r in pairs] + [(b, a, r) for a, b, r in pairs]
+            return Probes(night.hosts, *(np.array(c) for c in zip(*ways)),
+                          np.array([slow if (a, b) == (0, 2) else 19.0 for a, b, _ in ways]))
+        return probe
+
+    confirmed, again = confirm_paths(measure(19.5), night, [], sweeps=3, first_round=24)
+    assert again == 1 and asked == [([[(0, 2)]], 24), ([[(0, 2)]], 25), ([[(0, 2)]], 26)]
+    assert analyze(confirmed) == [] and confirmed.value[12:].tolist() == [19.5, 19.0]  # the better of the two
+    assert (confirmed.round[12:] == 24).all() and (confirmed.take(np.arange(12)).value == night.value).all()
+    still, _ = confirm_paths(measure(8.0), night, [], sweeps=3)
+    assert [(s.kind, s.name) for s in analyze(still)] == [("path", "dh-h0<->dh-h2")]
+    assert still.at_best().value[1] == 8.58 and len(still.at_best().value) == 12
+    throttled = replace(night, value=np.where((src == 2) | (dst == 2), 0.2, night.value))
+    asked.clear()
+    assert confirm_paths(measure(0.2), throttled, [])[1] == 0 and not asked  # a host is not probed again
+    cut, again = confirm_paths(lambda rounds, first: night.take(np.zeros(12, bool)), night, [], sweeps=2)
+    assert again == 0 and cut is night  # the budget ran out: nothing measured, nothing changed
 
 
 def test_a_direction_probed_again_shows_its_median_in_the_matrix() -> None:

@@ -40,6 +40,16 @@ pairs probed again are fresh draws, so other tenants' traffic does not follow th
 class's earlier probes, which chance put in doubt, weigh more against fewer new ones, so the
 bar after follow-ups rose with it.
 
+**Without a topology** the matrix alone names hosts and paths
+(:func:`dpro.anomaly.fabric.probes.analyze`), and :func:`confirm_paths` probes again the pairs of
+the paths it names; the matrix then weighs each of their directions at the better of its two
+measurements: a slow path stays slow, a moment's load passes. A host is named from its whole row and column,
+measured in rounds apart, so it is not probed again (a throttled host's pairs would cost the
+most time of any). (On the 4-host namespace cluster of ``tests/test_health.py``, 2026-12-07, a
+healthy night named the path ``dh-h0<->dh-h2``: one direction at 43% of the others' rate, the
+other pair of its round 24% down, so the round's loss, :func:`dpro.anomaly.fabric.probes.analyze`,
+left it named.)
+
 **Settings.** :data:`DOUBT` was tuned on ``benchmarks.health_localization``'s tuning trials
 (``--tune``), when its simulator gave every probe a new path; :data:`SWEEPS` later
 (``--tune-sweeps``), on the paths a job's connections keep; :data:`DISTIL` and :data:`Z_CLASS`
@@ -59,12 +69,12 @@ import numpy as np
 import pandas as pd
 
 from dpro.anomaly.fabric.localize import Weighed, has_peers, weigh
-from dpro.anomaly.fabric.probes import Probes
+from dpro.anomaly.fabric.probes import Probes, analyze
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import probe_rounds
 
-__all__ = ["CONFIRM", "DISTIL", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "follow_up", "probe_adaptively",
-           "repeated"]
+__all__ = ["CONFIRM", "DISTIL", "DOUBT", "EXTRA", "PASSES", "SWEEPS", "Z_CLASS", "confirm_paths", "follow_up",
+           "probe_adaptively", "repeated"]
 
 DOUBT = 0.3
 CONFIRM = 2.0
@@ -184,3 +194,23 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
         added += len({(r, min(a, b), max(a, b)) for r, a, b in zip(more.round.tolist(), more.src.tolist(),
                                                                     more.dst.tolist())})
     return probes, added
+
+
+def confirm_paths(measure: Measure, probes: Probes, tiers: Sequence[Sequence[str]], sweeps: int = SWEEPS,
+                  first_round: int = 0, agree: Agree = lambda pairs: pairs) -> tuple[Probes, int]:
+    """Without a topology: the host pairs of the paths the matrix names
+    (:func:`dpro.anomaly.fabric.probes.analyze`) probed again, ``sweeps`` times as every round
+    (rounds numbered on from ``first_round``); every probe kept (the matrix weighs a direction
+    measured twice at the better of the two, :meth:`Probes.at_best`) and the pairs probed again. A
+    host is named from its whole row and column, measured in rounds apart; a path from a
+    direction or two of one round, which one moment's load on the probers can slow as much
+    (see the module docstring)."""
+    index = {host: i for i, host in enumerate(probes.hosts)}
+    pairs = sorted({tuple(sorted(index[h] for h in s.name.split("<->"))) for s in analyze(probes) if s.kind == "path"})
+    pairs = agree([(a, b) for a, b in pairs])
+    if not pairs:
+        return probes, 0
+    again = repeated(measure, probe_rounds(len(probes.hosts), tiers, pairs), sweeps, first_round)
+    if not len(again.value):  # the check's time budget ran out
+        return probes, 0
+    return probes.extended(again), len(pairs)

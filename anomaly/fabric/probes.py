@@ -101,6 +101,15 @@ class Probes:
             raise ProbeError("repeats of a sweep hold the same probes in the same order")
         return replace(self, value=np.median(np.stack([self.value, *(r.value for r in repeats)]), axis=0))
 
+    def at_best(self) -> Probes:
+        """One probe per direction, its first, at the better of its measurements: a fault slows
+        every measurement, a moment's load some (a path probed again to confirm it,
+        :func:`dpro.anomaly.fabric.follow_up.confirm_paths`)."""
+        frame = pd.DataFrame({"src": self.src, "dst": self.dst, "value": self.value})
+        best = frame.groupby(["src", "dst"], sort=False)["value"].transform("max" if self.higher_is_better else "min")
+        first = ~frame.duplicated(["src", "dst"]).to_numpy()
+        return replace(self.take(first), value=best.to_numpy()[first])
+
     def extended(self, more: Probes) -> Probes:
         """These probes and then ``more`` (probes of the same hosts), with these flags."""
         return replace(self, src=np.r_[self.src, more.src], dst=np.r_[self.dst, more.dst],
@@ -183,11 +192,13 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP, by
     """Suspect hosts (row and column slow) and paths (slow probes no suspect host explains,
     beyond what every pair of their round lost at once; ``by_round=False``: on the probes as
     measured, the rule before, for comparison), most likely first; empty when nothing stands out.
+    A direction measured more than once counts once, at its best (:meth:`Probes.at_best`).
 
     Hosts are peeled one at a time: the baseline is the probes between hosts not yet
     suspected, so that in a small cluster, where one bad host touches a large share of the
     probes (half of them with four hosts), its own probes do not drag the baseline down.
     """
+    probes = probes.at_best()
     suspects, bad = [], np.zeros(len(probes.hosts), bool)
     logs = np.log(probes.value) * (1 if probes.higher_is_better else -1)  # higher is better
     while True:

@@ -8,7 +8,8 @@ first sweep takes the rounds of :func:`dpro.anomaly.fabric.schedule.disjoint_rou
 (the routes read from the topology: as many pairs out of a pod as its uplinks carry apart), and
 a pair measures both ways at once. Given the topology, the pairs whose probes may cross a class
 the first sweep left in doubt are probed again (:mod:`dpro.anomaly.fabric.follow_up`), in rounds
-kept apart the same way.
+kept apart the same way; without it, the pairs of the paths the matrix names
+(:func:`dpro.anomaly.fabric.follow_up.confirm_paths`).
 
 A direction is measured by sending messages of ``megabytes`` back to back, as many as fill about
 ``seconds`` (sized from one timed message), and waiting for the receiver's acknowledgement.
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpro.anomaly.fabric.follow_up import SWEEPS, probe_adaptively, repeated
+from dpro.anomaly.fabric.follow_up import SWEEPS, confirm_paths, probe_adaptively, repeated
 from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.schedule import disjoint_rounds, probe_rounds
@@ -95,7 +96,9 @@ def measure_pairwise(rank_hosts: Sequence[str], megabytes: float, seconds: float
                       rows[:, 3], both_ways=both_ways)
 
     if topology is None:
-        return Measured(repeated(measure, first, sweeps), (cut or [None])[0], 0, len(first))
+        probes, again = confirm_paths(measure, repeated(measure, first, sweeps), groups, sweeps,
+                                      sweeps * len(first), _rank0s)
+        return Measured(probes, (cut or [None])[0], again, len(first))
     probes, added = probe_adaptively(measure, topology, groups, first, agree=_rank0s, schedule=schedule,
                                      routing=routing, sweeps=sweeps)
     return Measured(probes, (cut or [None])[0], added, len(first))

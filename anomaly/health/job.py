@@ -89,8 +89,9 @@ def run_rank(config: HealthConfig, history: Callable[[str, str], list[float]] | 
         if cut:
             job_checks.append(Check("pairwise.budget", "skip", cut))
         if again:
-            job_checks.append(Check("pairwise.follow_up", "pass", f"{again} host-pair probes made again where the first "
-                                                                f"sweep left a NIC, link or switch in doubt"))
+            why = ("where the first sweep left a NIC, link or switch in doubt" if topology is not None else
+                   "to confirm the paths the first sweep named (each direction weighed at the better of its two)")
+            job_checks.append(Check("pairwise.follow_up", "pass", f"{again} host-pair probes made again {why}"))
         node_checks = gpus.finish(busy=device.type == "cuda") + nics.finish() + cpu.finish() if leader else []
         gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object((host, node_checks), gathered, dst=0)

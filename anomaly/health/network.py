@@ -41,7 +41,9 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
     hosts = {s.host for s in suspects if s.kind in ("host", "nic")}
     suspected = [j for j, h in enumerate(probes.hosts) if h in hosts]
     pairwise: dict[str, Check] = {}
-    matrix = to_matrix(probes)  # a direction the check followed up counts once (its median)
+    # a direction the check followed up counts once: its median; one probed again to confirm a
+    # path (no topology), at its best, as the matrix's analysis weighs it
+    matrix = to_matrix(probes if topology is not None else probes.at_best())
     for i, host in enumerate(probes.hosts):
         sent, received, left_out = _with_peers(matrix, i, suspected)
         evidence: dict[str, Any] = {"probes": int(len(sent) + len(received))}
