@@ -82,13 +82,14 @@ EXTRA = 1.0
 PASSES = 8
 """The most follow-up passes; most checks stop sooner, when nothing is left in doubt or the
 extra pairs reach :data:`EXTRA` times the first sweep's. A slow link among a fat-tree pod's
-four uplinks gains about one deviation of pooled evidence a pass, so three passes left many short
-of the bar (tuning seed 1, 40 trials of a 10% inter-switch fault in 5% noise: of the 9 missed,
-the faulty class of 7 was still gaining at the third). Chosen with :data:`Z_CLASS` by ``benchmarks.health_localization
+four uplinks slows a quarter of its class's probes, and its evidence grows pass by pass, so
+three passes left some short of the bar (in an exploratory script, not kept: 40 trials of tuning
+seed 1 of a 10% inter-switch fault in 5% noise on the fat tree, 9 missed, the faulty class of 7
+of them still gaining at the third pass). Chosen with :data:`Z_CLASS` by ``benchmarks.health_localization
 --tune-passes`` (3, 5, 8 passes by bars 6.0, 6.5, 7.0, paired trials): mean recall at 10–40%
 faults 0.846 at 3 passes and 6.5 (before), 0.864 at 8 and 7.0, whose light-background false
 alarms (0.013) are within 0.02 where 0.028 were not; the rounds a trial 1.98 times the first
-sweep's, 1.80 before."""
+sweep's, 1.80–1.83 before."""
 SWEEPS = 8
 """How many times each round is measured, each repeat a share of its probe time (see the module
 docstring)."""
@@ -196,12 +197,13 @@ def probe_adaptively(measure: Measure, topology: nx.MultiGraph, tiers: Sequence[
     return probes, added
 
 
-def confirm_paths(measure: Measure, probes: Probes, tiers: Sequence[Sequence[str]], sweeps: int = SWEEPS,
-                  first_round: int = 0, agree: Agree = lambda pairs: pairs) -> tuple[Probes, int]:
+def confirm_paths(measure: Measure, probes: Probes, tiers: Sequence[Sequence[str]], sweeps: int, first_round: int,
+                  agree: Agree = lambda pairs: pairs) -> tuple[Probes, int]:
     """Without a topology: the host pairs of the paths the matrix names
     (:func:`dpro.anomaly.fabric.probes.analyze`) probed again, ``sweeps`` times as every round
-    (rounds numbered on from ``first_round``); every probe kept (the matrix weighs a direction
-    measured twice at the better of the two, :meth:`Probes.at_best`) and the pairs probed again. A
+    (rounds numbered on from ``first_round``, past the first sweep's); every probe kept (the matrix
+    weighs a direction measured twice at the better of the two, :meth:`Probes.at_best`) and the
+    pairs probed again (those the check's time budget left measured). A
     host is named from its whole row and column, measured in rounds apart; a path from a
     direction or two of one round, which one moment's load on the probers can slow as much
     (see the module docstring)."""
@@ -213,4 +215,5 @@ def confirm_paths(measure: Measure, probes: Probes, tiers: Sequence[Sequence[str
     again = repeated(measure, probe_rounds(len(probes.hosts), tiers, pairs), sweeps, first_round)
     if not len(again.value):  # the check's time budget ran out
         return probes, 0
-    return probes.extended(again), len(pairs)
+    return probes.extended(again), len(set(zip(np.minimum(again.src, again.dst).tolist(),
+                                               np.maximum(again.src, again.dst).tolist())))

@@ -192,13 +192,15 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP, by
     """Suspect hosts (row and column slow) and paths (slow probes no suspect host explains,
     beyond what every pair of their round lost at once; ``by_round=False``: on the probes as
     measured, the rule before, for comparison), most likely first; empty when nothing stands out.
-    A direction measured more than once counts once, at its best (:meth:`Probes.at_best`).
+    A direction measured more than once counts once, at its best (:meth:`Probes.at_best`), each
+    measurement judged beyond what its own round lost (a path probed again to confirm it; the
+    follow-ups' probes of a file analysed without its topology).
 
     Hosts are peeled one at a time: the baseline is the probes between hosts not yet
     suspected, so that in a small cluster, where one bad host touches a large share of the
     probes (half of them with four hosts), its own probes do not drag the baseline down.
     """
-    probes = probes.at_best()
+    measured, probes = probes, probes.at_best()
     suspects, bad = [], np.zeros(len(probes.hosts), bool)
     logs = np.log(probes.value) * (1 if probes.higher_is_better else -1)  # higher is better
     while True:
@@ -212,7 +214,7 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP, by
         suspects.append(Suspect("host", probes.hosts[h], score, host=probes.hosts[h], evidence=evidence))
     baseline = ~bad[probes.src] & ~bad[probes.dst]
     if by_round:
-        logs = logs + _rounds_loss(probes, logs, baseline)
+        logs = _beyond_rounds(measured, bad)
     z = _z_against(logs, baseline)
     shortfall = np.median(logs[baseline]) - logs if baseline.any() else np.zeros(len(logs))
     unexplained = (z >= z_min) & (shortfall >= -np.log1p(-min_drop)) & baseline
@@ -224,6 +226,17 @@ def analyze(probes: Probes, z_min: float = Z_MIN, min_drop: float = MIN_DROP, by
         suspects.append(Suspect("path", name, float(np.median(values)),
                                 evidence={"slow_directions": len(values), "median_z": round(float(np.median(values)), 2)}))
     return sorted(suspects, key=lambda s: -s.score)
+
+
+def _beyond_rounds(measured: Probes, bad: np.ndarray) -> np.ndarray:
+    """Per direction (in :meth:`Probes.at_best`'s order), the best of its measurements' logs
+    (higher is better), each after what every pair of its own round lost at once
+    (:func:`_rounds_loss`, the probes between hosts not ``bad``): a confirmation taken at its
+    best leaves its first round's loss as it was measured, so the other pairs of that round keep it."""
+    logs = np.log(measured.value) * (1 if measured.higher_is_better else -1)
+    logs = logs + _rounds_loss(measured, logs, ~bad[measured.src] & ~bad[measured.dst])
+    frame = pd.DataFrame({"src": measured.src, "dst": measured.dst, "log": logs})
+    return frame.groupby(["src", "dst"], sort=False)["log"].max().to_numpy()
 
 
 def _rounds_loss(probes: Probes, logs: np.ndarray, considered: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpro.anomaly.fabric.probes import Probes, to_matrix
+from dpro.anomaly.fabric.probes import Probes
 from dpro.anomaly.fabric.routing import Routing
 from dpro.anomaly.fabric.topology import probe_tiers, read_topology
 
@@ -30,7 +30,7 @@ from dpro.anomaly.health.config import HealthConfig, HealthConfigError
 from dpro.anomaly.health.cpu import CpuWatch, judge_steal
 from dpro.anomaly.health.gpu_checks import GpuWatch
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Node
-from dpro.anomaly.health.network import judge_network
+from dpro.anomaly.health.network import judge_network, matrix_as_judged
 from dpro.anomaly.health.nic import NicWatch
 from dpro.anomaly.health.backend_pairwise import leaders, measure_pairwise
 from dpro.anomaly.health.rules import apply_rules
@@ -122,7 +122,7 @@ def _judge(config: HealthConfig, history: Callable[[str, str], list[float]] | No
     if probes is not None:
         report.suspects = judge_network(report, probes, topology, routing, config.rules)
         report.probes = probes
-        report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes), "routes": config.pairwise.routes,
+        report.facts["pairwise"] = {"hosts": probes.hosts, "gbps": _matrix(probes, topology), "routes": config.pairwise.routes,
                                     "rounds": len(np.unique(probes.round)), "sweeps": config.pairwise.sweeps}
     else:
         report.node(JOB).checks.append(Check("pairwise", "skip", "one host: no host pairs to probe"))
@@ -141,9 +141,9 @@ def _tiers(topology: Any, rank_hosts: list[str]) -> list[dict[str, str]]:
     return probe_tiers(topology, sorted(set(rank_hosts)))
 
 
-def _matrix(probes: Probes) -> list[list[float | None]]:
-    """The probes as rows of Gb/s (None where not measured), for JSON."""
-    return [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in to_matrix(probes)]
+def _matrix(probes: Probes, topology: Any) -> list[list[float | None]]:
+    """The probes as rows of Gb/s, as the check judged them (None where not measured), for JSON."""
+    return [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in matrix_as_judged(probes, topology)]
 
 
 def _now() -> str:

@@ -29,7 +29,7 @@ from dpro.anomaly.suspects import Suspect
 from dpro.anomaly.health.config import Rules
 from dpro.anomaly.health.model import JOB, Check, HealthReport, Metric
 
-__all__ = ["drop_pct", "judge_network"]
+__all__ = ["drop_pct", "judge_network", "matrix_as_judged"]
 
 
 def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph | None,
@@ -41,9 +41,7 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
     hosts = {s.host for s in suspects if s.kind in ("host", "nic")}
     suspected = [j for j, h in enumerate(probes.hosts) if h in hosts]
     pairwise: dict[str, Check] = {}
-    # a direction the check followed up counts once: its median; one probed again to confirm a
-    # path (no topology), at its best, as the matrix's analysis weighs it
-    matrix = to_matrix(probes if topology is not None else probes.at_best())
+    matrix = matrix_as_judged(probes, topology)
     for i, host in enumerate(probes.hosts):
         sent, received, left_out = _with_peers(matrix, i, suspected)
         evidence: dict[str, Any] = {"probes": int(len(sent) + len(received))}
@@ -72,6 +70,13 @@ def judge_network(report: HealthReport, probes: Probes, topology: nx.MultiGraph 
             fabric.message = "no link or switch stands out"
         report.node(JOB).checks.append(fabric)
     return suspects
+
+
+def matrix_as_judged(probes: Probes, topology: nx.MultiGraph | None) -> np.ndarray:
+    """The probes' ``n x n`` matrix as the check judges it: a direction the follow-ups probed
+    again counts once, at its median; one probed again to confirm a path (no topology), at its
+    best, as the matrix's analysis weighs it (:meth:`Probes.at_best`)."""
+    return to_matrix(probes if topology is not None else probes.at_best())
 
 
 def _typical(pairwise: dict[str, Check], suspected: set[str]) -> Check:
