@@ -455,14 +455,9 @@ def tune_distil(faults: int = TUNING_FAULTS * 4 // 5) -> tuple[float, float]:
         found = dict(zip(DISTIL_GRID, pool.map(_distilled, DISTIL_GRID, [faults] * len(DISTIL_GRID))))
     chosen, best = None, (False, -1.0)
     for distil, z_class in itertools.product(DISTIL_GRID, DISTIL_Z_CLASSES):
-        hits = found[distil][z_class]
-        light = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == LIGHT and not size)
-        heavy = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == HEAVY and not size)
-        recall = float(np.mean([np.mean(v) for (_, _, _, size), v in hits.items() if size]))
+        light, heavy, recall, key = _judged(found[distil][z_class])
         print(f"distil {distil}, z_class {z_class}: false alarms {light:.3f} light, {heavy:.3f} heavy "
               f"(worst fabric and noise); mean recall {recall:.3f}", flush=True)
-        within = light <= GOAL_ALARMS[LIGHT] and heavy <= GOAL_ALARMS[HEAVY]
-        key = (within, recall if within else -light)
         if key > best:
             chosen, best = (distil, z_class), key
     return chosen
@@ -502,9 +497,7 @@ def tune_passes(faults: int = TUNING_FAULTS) -> tuple[int, float]:
     chosen, best = None, (False, -1.0)
     for passes, z_class in itertools.product(PASSES_GRID, PASSES_Z_CLASSES):
         hits, rounds = found[passes]
-        light = max(np.mean(v) for (_, b, _, size), v in hits[z_class].items() if b == LIGHT and not size)
-        heavy = max(np.mean(v) for (_, b, _, size), v in hits[z_class].items() if b == HEAVY and not size)
-        recall = float(np.mean([np.mean(v) for (_, _, _, size), v in hits[z_class].items() if size]))
+        light, heavy, recall, key = _judged(hits[z_class])
         alarms = "; ".join(name.split(",")[0] + " " + ", ".join(
             f"{np.mean(v):.3f}" for (n, _, _, size), v in hits[z_class].items() if n == name and not size)
             for name in first)
@@ -512,8 +505,6 @@ def tune_passes(faults: int = TUNING_FAULTS) -> tuple[int, float]:
         print(f"passes {passes}, z_class {z_class}: false alarms {light:.3f} light, {heavy:.3f} heavy (worst fabric "
               f"and noise; by fabric, light 5% and 10% noise, heavy: {alarms}); mean recall {recall:.3f}; rounds a trial against "
               f"the first sweep's: {spent}", flush=True)
-        within = light <= GOAL_ALARMS[LIGHT] and heavy <= GOAL_ALARMS[HEAVY]
-        key = (within, recall if within else -light)
         if key > best:
             chosen, best = (passes, z_class), key
     return chosen
@@ -583,6 +574,19 @@ def _masked_sweep(job: tuple[Case, bool, int]) -> dict[str, tuple[float, float, 
         out[f"{'heavy' if background == HEAVY else 'light'}, noise {noise:.0%}, fault {size:.0%}"] = (
             float(value), float(np.mean(t.probes)), kinds)
     return out
+
+
+def _judged(hits: dict[tuple[str, sim.Background, float, float], list[bool]]
+            ) -> tuple[float, float, float, tuple[bool, float]]:
+    """A setting's worst false alarms under ``LIGHT`` and ``HEAVY`` (over fabrics and noises),
+    its mean recall at the points with a fault, and its rank for :func:`tune_distil` and
+    :func:`tune_passes`: within both goals first, then the best recall; outside them, the fewest
+    light false alarms."""
+    light = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == LIGHT and not size)
+    heavy = max(np.mean(v) for (_, b, _, size), v in hits.items() if b == HEAVY and not size)
+    recall = float(np.mean([np.mean(v) for (_, _, _, size), v in hits.items() if size]))
+    within = light <= GOAL_ALARMS[LIGHT] and heavy <= GOAL_ALARMS[HEAVY]
+    return light, heavy, recall, (within, recall if within else -light)
 
 
 def _tuning_grid() -> list[tuple[sim.Background, float, float]]:
