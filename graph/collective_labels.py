@@ -7,15 +7,21 @@ its sends name their peer. ``dpro record`` writes each rank's ``collectives.json
 number, profiling name, sizes, creation time) and the logged sends and receives (peer, group,
 bytes, time). :func:`label` writes them into the events:
 
-- a collective's *enqueue call* (``c10d::allreduce_``...) is the call inside which its entry was
-  created (same clock), and takes the entry's ``pg_name`` and ``seq``;
+- a collective's *enqueue call* (``c10d::allreduce_``...) created its entry: the process issues
+  its collectives one at a time, so the trace's calls, in order, are a run of the log's entries,
+  in order (:func:`_in_order`). The log's times are the system clock's and the trace's are the
+  profiler's; they agree to microseconds on a quiet machine, but on a loaded one they were seen
+  to drift 0.6% apart and jump by 0.4 ms, far more than a call lasts. So time only places the
+  run (the offset at which the entries fall closest to the calls) and order pairs them; where no
+  run fits (the log lost entries), a call takes the entry created inside it. Each call takes
+  its entry's ``pg_name`` and ``seq``, and the entry takes the call's start as its time;
 - its *work event* (``gloo:all_reduce``...) runs on a worker thread of its group, first in, first
   out: each work event takes the oldest entry of that name not yet taken among the groups whose
   entry was created before the work began, preferring the group its thread already served
   (a gloo worker thread serves one group), else the entry created first;
 - the k-th send (and receive) call and work event of the window take the k-th logged send
-  (receive): ``peer`` (global rank), ``pg_name``, ``seq`` (the log's index, negated less one so
-  that it never meets a collective's).
+  (receive), the run placed as for collectives: ``peer`` (global rank), ``pg_name``, ``seq``
+  (the log's index, negated less one so that it never meets a collective's).
 
 Where a trace names its groups already (NCCL), it is returned as it was. Sizes fill
 ``in_nelems`` and ``dtype`` where the trace has none.
@@ -69,9 +75,8 @@ def label(events: pd.DataFrame, log: dict[str, Any] | None) -> pd.DataFrame:
     enqueue = (coll & names.map(is_enqueue_call).astype(bool)).to_numpy()
     family = events["coll_name"].astype(object).map(lambda c: collective_family(str(c)) if isinstance(c, str) else "")
     p2p = (coll & family.isin(P2P_FAMILIES)).to_numpy()
-    entries = sorted((e for e in log.get("collectives", []) if e.get("created_ns", 0) >= since),
-                     key=lambda e: e["created_ns"])
-    for row, entry in _enqueue_entries(events, enqueue & ~p2p, entries):
+    calls, entries = _enqueue_entries(events, enqueue & ~p2p, log.get("collectives", []), since)
+    for row, entry in calls:
         pg[row], seq[row], logged[row] = entry["pg_name"], entry["seq"], True
     work = np.zeros(len(events), bool)
     work[events.index.get_indexer(work_events(events).index)] = True
@@ -81,13 +86,20 @@ def label(events: pd.DataFrame, log: dict[str, Any] | None) -> pd.DataFrame:
         if nelems[row] < 0 and sizes:
             nelems[row] = int(sum(np.prod(s, dtype=np.int64) for s in sizes))
             dtype[row] = str(dtypes[0]).lower() if dtypes else dtype[row]
-    sends = [e for e in log.get("p2p", []) if e.get("created_ns", 0) >= since]
+    sends = sorted(log.get("p2p", []), key=lambda e: e.get("created_ns", 0))
+    start, end = events["start_ns"].to_numpy(np.int64), (events["start_ns"] + events["dur_ns"]).to_numpy(np.int64)
     for op in ("send", "recv"):
         of_op = [(i, e) for i, e in enumerate(sends) if e["op"] == op]
+        calls = np.flatnonzero(p2p & enqueue & (family == op).to_numpy())
+        calls = calls[np.argsort(start[calls], kind="stable")]
+        created = np.array([e.get("created_ns", 0) for _, e in of_op], np.int64)
+        first = _in_order(start[calls], end[calls], created)
+        if first is None:
+            first = int(np.searchsorted(created, since, "left"))
         for part in (enqueue, ~enqueue):
             rows = np.flatnonzero(p2p & part & (family == op).to_numpy())
-            rows = rows[np.argsort(events["start_ns"].to_numpy()[rows], kind="stable")]
-            for row, (i, entry) in zip(rows, of_op):
+            rows = rows[np.argsort(start[rows], kind="stable")]
+            for row, (i, entry) in zip(rows, of_op[first:]):
                 pg[row], seq[row], peer[row], logged[row] = entry["pg_name"], -2 - i, entry["peer"], True
                 if nelems[row] < 0 and entry.get("nbytes") is not None:
                     nelems[row], dtype[row] = int(entry["nbytes"]), "uint8"
@@ -95,20 +107,53 @@ def label(events: pd.DataFrame, log: dict[str, Any] | None) -> pd.DataFrame:
                          peer=peer, logged=logged)
 
 
-def _enqueue_entries(events: pd.DataFrame, mask: np.ndarray, entries: list[dict[str, Any]]):
-    """(row, entry) for each enqueue call inside which an entry was created (the first such)."""
+def _enqueue_entries(events: pd.DataFrame, mask: np.ndarray, log_entries: list[dict[str, Any]],
+                     since: int) -> tuple[list[tuple[int, dict[str, Any]]], list[dict[str, Any]]]:
+    """(row, entry) for each enqueue call and the entry it created (see the module docstring), and
+    the window's entries in order of creation for the work events: where the calls pair in order,
+    their entries, each created (``created_ns``) when its call began on the trace's clock; else
+    those created since ``since``."""
     rows = np.flatnonzero(mask)
+    start = events["start_ns"].to_numpy(np.int64)[rows]
+    order = np.argsort(start, kind="stable")
+    rows, start = rows[order], start[order]
+    end = start + events["dur_ns"].to_numpy(np.int64)[rows]
+    entries = sorted(log_entries, key=lambda e: e["created_ns"])
     created = np.array([e["created_ns"] for e in entries], np.int64)
-    start = events["start_ns"].to_numpy()[rows]
-    end = start + events["dur_ns"].to_numpy()[rows]
-    taken = np.zeros(len(entries), bool)
-    for row, a, b in sorted(zip(rows, start, end), key=lambda t: t[1]):
+    first = _in_order(start, end, created)
+    if first is not None:
+        moved = [{**e, "created_ns": int(a)} for e, a in zip(entries[first:first + len(rows)], start)]
+        return list(zip(rows, moved)), moved
+    pairs, taken = [], created < since
+    for row, a, b in zip(rows, start, end):
         i = int(np.searchsorted(created, a, "left"))
         while i < len(entries) and created[i] <= b and taken[i]:
             i += 1
         if i < len(entries) and created[i] <= b:
             taken[i] = True
-            yield row, entries[i]
+            pairs.append((row, entries[i]))
+    return pairs, [e for e, t in zip(entries, created >= since) if t]
+
+
+def _in_order(start: np.ndarray, end: np.ndarray, created: np.ndarray, reach: int = 64) -> int | None:
+    """The index of the log entry (``created``, sorted) that the first of the calls (``start`` and
+    ``end``, sorted by start) made, where the calls are a run of the entries: of the runs that
+    begin within ``reach`` entries of the first call's time, the one whose entries fall closest
+    to their calls (median distance outside the call), if it is closer than any other run; None
+    where there are no calls, no run holds them all, or two fit as well."""
+    n, m = len(start), len(created)
+    if n == 0 or m < n:
+        return None
+    guess = int(np.searchsorted(created, start[0]))
+    firsts = np.arange(max(guess - reach, 0), min(guess + reach, m - n) + 1)
+    if not len(firsts):
+        return None
+    runs = created[firsts[:, None] + np.arange(n)]
+    apart = np.median(np.maximum(np.maximum(start - runs, runs - end), 0), axis=1)
+    best = int(np.argmin(apart))
+    if (apart == apart[best]).sum() > 1:
+        return None
+    return int(firsts[best])
 
 
 def _work_entries(events: pd.DataFrame, mask: np.ndarray, entries: list[dict[str, Any]]):

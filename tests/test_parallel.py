@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 import re
 import shutil
 from pathlib import Path
@@ -23,14 +24,14 @@ from dpro.optimizer.memory_estimate import _tp_bytes
 from dpro.optimizer.passes.tensor_parallel import tp_mesh as tp_mesh_pass
 from dpro.analysis.fsdp import _backward_all_gathers
 from dpro.graph.collective_labels import label
-from dpro.graph.matching import pair_p2p
+from dpro.graph.matching import pair_p2p, work_events
 from dpro.graph.typical import _split_at_waits
 from dpro.replayer.breakdown import breakdown, rank_critical_path
 from dpro.replayer.pipeline import StageCost, stage_order, step_ns
 
 from dpro.run_format import open_run
 
-from .conftest import JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
+from .conftest import DATA, JOBS, ROOT, TORCHRUN, assert_one_line_error, dpro
 
 PARALLEL = ROOT / "examples" / "train_parallel.py"
 SMALL = ["--steps", "10", "--layers", "2", "--d-model", "64", "--seq-len", "32"]
@@ -132,6 +133,40 @@ def test_without_the_collective_log_a_gloo_trace_names_no_group(tp_run: Path) ->
     named = labelled.loc[work.index, "pg_name"].astype(object)
     mesh_groups = RunAnalysis.open(tp_run).parallelism.mesh["groups"]  # rank 0's dp and tp groups
     assert named.notna().mean() > 0.95 and set(named.dropna()) == set(mesh_groups)
+
+
+def test_a_log_whose_clock_strays_from_the_traces_still_names_every_group() -> None:
+    """A loaded CI machine recorded an HSDP rank whose collective log (system clock) stood up to
+    0.4 ms off its trace (the profiler's clock), beyond the 20 µs calls that created the
+    entries: no group could be read from when an entry was created. The calls pair with the
+    entries in order, so every call and every work event still names its group: all-gathers
+    and the reduce-scatters (gloo all-reduces) within the shard group, the replicas' all-reduces
+    across them."""
+    from dpro.graph.kineto import load_trace
+
+    log = json.loads((DATA / "cpu" / "hsdp-gloo-4rank-skewed-clock-rank0-collectives.json").read_text())
+    tables = load_trace(DATA / "cpu" / "hsdp-gloo-4rank-skewed-clock-rank0.json.gz", rank=0, cache=False)
+    events = tables.events[tables.events["step"] >= 0]
+    groups = dict(zip(tables.process_groups["pg_desc"], tables.process_groups["pg_name"]))
+    calls = events[events["coll_name"].notna() & events["name"].astype(str).str.startswith("c10d::")].sort_values("start_ns")
+    created = sorted(e["created_ns"] for e in log["collectives"])
+    inside = sum(any(a <= c <= a + d for c in created) for a, d in zip(calls["start_ns"], calls["dur_ns"]))
+    assert inside < len(calls) / 2, "the log's clock strays (what this data is kept for)"
+    labelled = label(tables.events, log)
+    calls = labelled.loc[calls.index]
+    work = labelled.loc[work_events(labelled[labelled["step"] >= 0]).index]
+    work = work[work["coll_name"].notna()]
+    assert calls["logged"].all() and work["logged"].all()
+    shard, replicas = groups["mesh_shard"], groups["mesh_replicate"]
+    assert _named(calls) == {("c10d::_allgather_base_", shard): 12, ("c10d::_reduce_scatter_base_", shard): 6,
+                            ("c10d::allreduce_", replicas): 6}
+    assert _named(work) == {("gloo:all_gather", shard): 12, ("gloo:all_reduce", shard): 6,
+                           ("gloo:all_reduce", replicas): 6}
+
+
+def _named(events: pd.DataFrame) -> Counter:
+    """How many of ``events`` each (name, group) has."""
+    return Counter(zip(events["name"].astype(str), events["pg_name"].astype(str)))
 
 
 def test_pipeline_sends_are_paired_and_the_bubble_is_on_the_critical_path(pp_run: Path) -> None:
