@@ -55,7 +55,7 @@ import numpy as np
 
 from dpro.anomaly.fabric.follow_up import CONFIRM, DISTIL, DOUBT, EXTRA, PASSES, SWEEPS, probe_adaptively
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
-from dpro.anomaly.fabric.localize import CLIP, NO_PEERS, Z_CLASS, Z_COUNT, localize
+from dpro.anomaly.fabric.localize import CLIP, NO_PEERS, SUBSET, Z_CLASS, Z_COUNT, localize
 from dpro.anomaly.fabric.probes import Probes, analyze
 from dpro.anomaly.fabric.topology import from_spec, probe_tiers
 from dpro.anomaly.health.model import HealthReport
@@ -100,6 +100,7 @@ NO_PEERS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0)
 DISTIL_GRID, DISTIL_Z_CLASSES = (float("-inf"), -0.5, 0.0, 0.5), (5.5, 6.0, 6.5)
 SWEEPS_GRID = (1, 3, 5, 8)
 PASSES_GRID, PASSES_Z_CLASSES = (3, 5, 8), (6.0, 6.5, 7.0)
+SUBSET_GRID = (float("inf"), 1.0, 0.9, 0.8)
 HEALTHY_TRIALS = 4
 """:func:`tune_passes` runs this many times as many trials without a fault as with one: at 100
 a point, a false-alarm rate is judged in steps of 0.01 against a goal of 0.02 (run so first, every
@@ -531,6 +532,56 @@ def _passed(passes: int, faults: int) -> tuple[dict, dict[str, list[int]]]:
     return found, rounds
 
 
+def tune_subset(faults: int = TUNING_FAULTS) -> float:
+    """How many times a class's pooled threshold its slowest share of directions needs
+    (:data:`dpro.anomaly.fabric.localize.SUBSET`; inf: not weighed), in the follow-ups and the
+    verdict alike: of ``SUBSET_GRID``, the best mean recall at 10–40% faults among those whose
+    false alarms stay within the goals on each fabric, as :func:`tune_passes` chooses and on its
+    trials (``HEALTHY_TRIALS`` times as many without a fault; each trial its own generator, so
+    the settings part only where the score does). Prints each setting's figures with the rounds a
+    trial measured against the first sweep's (the tuned fabrics only)."""
+    with ProcessPoolExecutor() as pool:
+        found = dict(zip(SUBSET_GRID, pool.map(_subset_trials, SUBSET_GRID, [faults] * len(SUBSET_GRID))))
+    first = {case.name: len(case.rounds) for case in cases(held_out=False)}
+    chosen, best = None, (False, -1.0)
+    for subset in SUBSET_GRID:
+        hits, rounds = found[subset]
+        light, heavy, recall, key = _judged(hits)
+        alarms = "; ".join(name.split(",")[0] + " " + ", ".join(
+            f"{np.mean(v):.3f}" for (n, _, _, size), v in hits.items() if n == name and not size) for name in first)
+        recalls = "; ".join(f"{name.split(',')[0]} " + ", ".join(
+            f"{np.mean(v):.3f}" for (n, _, _, size), v in hits.items() if n == name and size) for name in first)
+        spent = ", ".join(f"{name.split(',')[0]} {np.mean(r) / first[name]:.2f}x" for name, r in rounds.items())
+        print(f"subset {subset}: false alarms {light:.3f} light, {heavy:.3f} heavy (worst fabric and noise; by fabric, "
+              f"light 5% and 10% noise, heavy: {alarms}); mean recall {recall:.3f} (by fabric, light 5% at 10, 20, 40%, "
+              f"10% at the same, heavy at the same: {recalls}); rounds a trial against the first sweep's: {spent}",
+              flush=True)
+        if key > best:
+            chosen, best = subset, key
+    return chosen
+
+
+def _subset_trials(subset: float, faults: int) -> tuple[dict, dict[str, list[int]]]:
+    """For :func:`tune_subset`: per fabric and point of its grid, whether each trial named the
+    fault (a healthy fabric: named anything), the slowest share weighed at ``subset`` in the
+    follow-ups and the verdict; and per fabric, the rounds each trial measured."""
+    from dpro.anomaly.fabric import localize as localizer
+
+    localizer.SUBSET = subset  # this worker's: the follow-ups read it
+    grid = _tuning_grid()
+    tuned = cases(held_out=False)
+    found: dict = {(case.name, *point): [] for case in tuned for point in grid}
+    rounds: dict[str, list[int]] = {case.name: [] for case in tuned}
+    for c, case in enumerate(tuned):
+        for g, (background, noise, size) in enumerate(grid):
+            for i in range(faults if size else HEALTHY_TRIALS * faults):
+                rng = np.random.default_rng([TUNING_SEED, c, g, i])
+                fault, probes = probed(case, rng, size, noise, background)
+                rounds[case.name].append(len(np.unique(probes.round)))
+                found[case.name, background, noise, size].append(_hit(fault, health_check(case, probes)))
+    return found, rounds
+
+
 def analogs() -> list[Case]:
     """Oversubscribed leaf-spines that are not the held-out fabric, for :func:`tune_masked`: 4x4
     hosts with 25 Gb/s uplinks to 2 spines (the held-out fabric's shape, at a quarter of the
@@ -625,6 +676,8 @@ if __name__ == "__main__":
         passes, z_class = tune_passes()
         print(f"chosen on seed {TUNING_SEED}: passes {passes}, z_class after the follow-up {z_class} (the defaults: "
               f"passes {PASSES}, z_class {FOLLOWED_Z_CLASS})")
+    elif "--tune-subset" in sys.argv:
+        print(f"chosen on seed {TUNING_SEED}: subset {tune_subset()} (the default: {SUBSET})")
     elif "--tune-masked" in sys.argv:
         tune_masked()
     elif "--tune-no-peers" in sys.argv:
