@@ -35,9 +35,7 @@ trials of the same seed (``python -m benchmarks.health_localization --tune``, ev
 probed again), its ``distil`` and the pooled threshold after it by :func:`tune_distil`
 (``--tune-distil``), the held-out fabric never among them; the masked NICs' repeated follow-ups
 were compared on the tuned fabrics and on oversubscribed :func:`analogs` of the held-out fabric
-(``--tune-masked``; no constant fitted); the follow-ups' passes and their threshold by
-:func:`tune_passes` (``--tune-passes``), the weight of a class's slowest share of directions by
-:func:`tune_subset` (``--tune-subset``); the figures come from trials of ``SCORING_SEED``, never
+(``--tune-masked``; no constant fitted); the figures come from trials of ``SCORING_SEED``, never
 used for tuning.
 
     python -m benchmarks health_localization [--quick]
@@ -57,7 +55,7 @@ import numpy as np
 
 from dpro.anomaly.fabric.follow_up import CONFIRM, DISTIL, DOUBT, EXTRA, PASSES, SWEEPS, probe_adaptively
 from dpro.anomaly.fabric.follow_up import Z_CLASS as FOLLOWED_Z_CLASS
-from dpro.anomaly.fabric.localize import CLIP, NO_PEERS, SUBSET, Z_CLASS, Z_COUNT, localize
+from dpro.anomaly.fabric.localize import CLIP, NO_PEERS, Z_CLASS, Z_COUNT, localize
 from dpro.anomaly.fabric.probes import Probes, analyze
 from dpro.anomaly.fabric.topology import from_spec, probe_tiers
 from dpro.anomaly.health.model import HealthReport
@@ -102,7 +100,6 @@ NO_PEERS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0)
 DISTIL_GRID, DISTIL_Z_CLASSES = (float("-inf"), -0.5, 0.0, 0.5), (5.5, 6.0, 6.5)
 SWEEPS_GRID = (1, 3, 5, 8)
 PASSES_GRID, PASSES_Z_CLASSES = (3, 5, 8), (6.0, 6.5, 7.0)
-SUBSET_GRID = (float("inf"), 1.0, 1.2, 1.4, 1.6)
 HEALTHY_TRIALS = 4
 """:func:`tune_passes` runs this many times as many trials without a fault as with one: at 100
 a point, a false-alarm rate is judged in steps of 0.01 against a goal of 0.02 (run so first, every
@@ -534,51 +531,6 @@ def _passed(passes: int, faults: int) -> tuple[dict, dict[str, list[int]]]:
     return found, rounds
 
 
-def tune_subset(faults: int = TUNING_FAULTS) -> float:
-    """How many times a class's pooled threshold its slowest share of directions needs at the
-    verdict (:data:`dpro.anomaly.fabric.localize.SUBSET`; inf: not weighed; the follow-ups do not
-    weigh it): of ``SUBSET_GRID``, the best mean recall at 10–40% faults among those whose false
-    alarms stay within the goals on each fabric, as :func:`tune_passes` chooses and on its trials
-    (``HEALTHY_TRIALS`` times as many without a fault), every setting judging the same probes.
-    (A first run weighed it in the follow-ups too, at 1.0, 0.9 and 0.8; each was past the
-    false-alarm goals and none found more: ``health-localization-tune-subset-seed1.txt``. A
-    second, at the verdict alone but in classes without healthy peers too, chose 1.4 for a mean
-    recall of 0.868 against 0.864 while heavy false alarms rose from 0.007 to 0.043:
-    ``health-localization-tune-subset-verdict-seed1.txt``.)"""
-    tuned = cases(held_out=False)
-    with ProcessPoolExecutor() as pool:
-        parts = list(pool.map(_subset_trials, range(len(tuned)), [faults] * len(tuned)))
-    chosen, best = None, (False, -1.0)
-    for subset in SUBSET_GRID:
-        hits = {key: v for part in parts for key, v in part[subset].items()}
-        light, heavy, recall, key = _judged(hits)
-        alarms = "; ".join(case.name.split(",")[0] + " " + ", ".join(
-            f"{np.mean(v):.3f}" for (n, _, _, size), v in hits.items() if n == case.name and not size) for case in tuned)
-        recalls = "; ".join(f"{case.name.split(',')[0]} " + ", ".join(
-            f"{np.mean(v):.3f}" for (n, _, _, size), v in hits.items() if n == case.name and size) for case in tuned)
-        print(f"subset {subset}: false alarms {light:.3f} light, {heavy:.3f} heavy (worst fabric and noise; by fabric, "
-              f"light 5% and 10% noise, heavy: {alarms}); mean recall {recall:.3f} (by fabric, light 5% at 10, 20, 40%, "
-              f"10% at the same, heavy at the same: {recalls})", flush=True)
-        if key > best:
-            chosen, best = subset, key
-    return chosen
-
-
-def _subset_trials(c: int, faults: int) -> dict[float, dict]:
-    """For :func:`tune_subset`: per setting of ``SUBSET_GRID``, per point of the grid on tuned
-    fabric ``c``, whether each trial named the fault (a healthy fabric: named anything)."""
-    case = cases(held_out=False)[c]
-    found: dict = {subset: {} for subset in SUBSET_GRID}
-    for g, (background, noise, size) in enumerate(_tuning_grid()):
-        for i in range(faults if size else HEALTHY_TRIALS * faults):
-            rng = np.random.default_rng([TUNING_SEED, c, g, i])
-            fault, probes = probed(case, rng, size, noise, background)
-            for subset in SUBSET_GRID:
-                suspects = localize(case.topology, probes, z_class=FOLLOWED_Z_CLASS, subset=subset)
-                found[subset].setdefault((case.name, background, noise, size), []).append(_hit(fault, suspects))
-    return found
-
-
 def analogs() -> list[Case]:
     """Oversubscribed leaf-spines that are not the held-out fabric, for :func:`tune_masked`: 4x4
     hosts with 25 Gb/s uplinks to 2 spines (the held-out fabric's shape, at a quarter of the
@@ -673,8 +625,6 @@ if __name__ == "__main__":
         passes, z_class = tune_passes()
         print(f"chosen on seed {TUNING_SEED}: passes {passes}, z_class after the follow-up {z_class} (the defaults: "
               f"passes {PASSES}, z_class {FOLLOWED_Z_CLASS})")
-    elif "--tune-subset" in sys.argv:
-        print(f"chosen on seed {TUNING_SEED}: subset {tune_subset()} (the default: {SUBSET})")
     elif "--tune-masked" in sys.argv:
         tune_masked()
     elif "--tune-no-peers" in sys.argv:

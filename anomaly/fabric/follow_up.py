@@ -27,9 +27,7 @@ its threshold; those through a fault push it past; the suspects are then named f
 probe at the stricter :data:`Z_CLASS`. A class every probe of its lengths may cross (both spines of a leaf-spine) is
 not followed up: no probe outside it shows what healthy looks like. The rounds keep the pairs
 of a round apart as the first sweep's do (:mod:`dpro.anomaly.fabric.schedule`). Doubt is judged
-at the localizer's own thresholds (tuned for one sweep) on the pooled and counted scores, not a
-class's slowest share of directions, which the verdict alone weighs; the suspects are named at
-:data:`Z_CLASS`.
+at the localizer's own thresholds (tuned for one sweep), the suspects named at :data:`Z_CLASS`.
 
 **Distilled.** Of the pairs whose probes may cross a class in doubt, only those whose probes
 through it fell short (their mean ``z`` above :data:`DISTIL`) are probed again, as in distilled
@@ -121,7 +119,7 @@ def follow_up(topology: nx.MultiGraph, probes: Probes, budget: int, doubt: float
     ``z``), the class nearest its threshold first (``routing``: the known routes, if any); each
     pair once, then a masked NIC's again as many more times as :func:`_as_often_as_unmasked` says
     (a pair listed twice is probed in two rounds; ``masked_again`` False: each pair once)."""
-    weighed = weigh(topology, probes, routing=routing, subset=float("inf"))  # the slowest share: at the verdict
+    weighed = weigh(topology, probes, routing=routing)
     targets = [(abs(1.0 - margin), crossing) for _, margin, crossing in weighed.named if margin < confirm]
     targets += [(1.0 - margin, crossing) for crossing, margin in weighed.open if doubt <= margin < 1.0]
     # a class without healthy peers: more probes through it only add to what other traffic slowed

@@ -32,23 +32,6 @@ lot by other traffic weigh no more than a few slowed by a fault. A class has two
   (``Z_SLOW`` deviations short) given how often probes of as many hops outside it are: a fault
   that slows a few probes a lot in noisy data.
 
-**The slowest share.** A fault on one of a class's equal-cost links (one of a fat-tree pod's
-uplinks) slows only the directions whose connections the switches hashed onto it, and every
-probe of a direction keeps its connection's path; pooled over the class, the directions it
-slowed are diluted by those it did not. So each class knows the share of its probes'
-equal-cost paths its least member lies on (1 where every probe crosses each member), each
-direction's probes pool (Stouffer's, on the clipped ``z``), the slowest share of the directions
-pool again, and that is told in deviations of what as many of the slowest of as many healthy
-directions pool to (:func:`_slowest_null`). Past ``subset`` times the class's pooled threshold,
-with those directions short by ``min_effect`` on average, it counts as the pooled score does.
-The follow-ups (:mod:`dpro.anomaly.fabric.follow_up`) do not weigh it: weighed there too, it
-named more healthy classes and found no more faults on the tuning trials. Nor does a class
-without healthy peers (below): its typical probe is read from its own, so under other tenants'
-traffic its slowest directions stand out (weighed, it raised the false alarms under heavy
-background from 0.007 to 0.043 on the tuning trials, and each healthy class it named alone in
-80 such trials per tuned fabric, generator seed 11, was the fat tree's core switches or the
-leaf-spine's spines).
-
 A class whose probes' lengths no probe outside it has (both spines of a leaf-spine: every probe
 between leaves may cross either) has no healthy peers: its typical probe is read from its own
 probes, whose lower tail other tenants' traffic skews as a fault through one of its members
@@ -120,7 +103,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from math import lgamma
 from statistics import NormalDist
 
@@ -152,9 +134,6 @@ CLEAR = 3.0
 of what its fault would have shown on them, for it to be cleared; and a wide class's probes
 outside a narrower one, for the narrower to be named in its place though they are too few to
 reach the bar (see the module docstring). ``clear <= 0`` turns off both."""
-SUBSET = float("inf")
-"""How many times a class's pooled threshold the slowest share of its directions needs (see the
-module docstring); inf: not weighed."""
 Z_SLOW = 3.0  # a very slow probe: this many deviations of the noise short
 Q75, Q90 = 0.6745, 1.2816  # the normal law's 75th and 90th percentiles, in standard deviations
 
@@ -163,7 +142,7 @@ Component = tuple[str, str] | str  # a directed link (from, to), or a switch
 
 def localize(topology: nx.MultiGraph | None, probes: Probes, z_class: float = Z_CLASS,
              min_effect: float = MIN_EFFECT, clip: float = CLIP, z_count: float = Z_COUNT,
-             no_peers: float = NO_PEERS, routing: Routing | None = None, subset: float | None = None) -> list[Suspect]:
+             no_peers: float = NO_PEERS, routing: Routing | None = None) -> list[Suspect]:
     """Suspect NICs (kind ``nic``), directed links (``link``) and switches (``switch``), most
     likely first; each names what no probe tells apart from it (``same_as``) and, for a NIC or
     a link, the direction (``from``, ``to``). Without a topology, the hosts and paths the
@@ -171,7 +150,7 @@ def localize(topology: nx.MultiGraph | None, probes: Probes, z_class: float = Z_
     if topology is None:
         return analyze(probes)
     return [suspect for suspect, _, _ in weigh(topology, probes, z_class, min_effect, clip, z_count, no_peers,
-                                                 routing, subset=subset).named]
+                                                 routing).named]
 
 
 @dataclass
@@ -192,17 +171,16 @@ class Weighed:
 
 def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min_effect: float = MIN_EFFECT,
           clip: float = CLIP, z_count: float = Z_COUNT, no_peers: float = NO_PEERS,
-          routing: Routing | None = None, clear: float = CLEAR, subset: float | None = None) -> Weighed:
+          routing: Routing | None = None, clear: float = CLEAR) -> Weighed:
     """The greedy localization of :func:`localize` (see the module docstring), with the
     margins that adaptive probing reads (:mod:`dpro.anomaly.fabric.follow_up`); ``clear``: see
-    :data:`CLEAR`; ``subset``: see :data:`SUBSET` (its default where None)."""
-    subset = SUBSET if subset is None else subset
+    :data:`CLEAR`."""
     missing = [h for h in probes.hosts if h not in topology]
     if missing:
         raise ProbeError(f"probed host {missing[0]!r} is not in the topology")
     if not len(probes.value):  # nothing measured (a time budget spent before the first round)
         return Weighed([], [], np.zeros(0, np.int64), np.zeros(0), [])
-    classes, hops, back, shares = _classes(topology, probes, routing)
+    classes, hops, back = _classes(topology, probes, routing)
     shortfall, noise, typical = _shortfall(probes, hops)
     masked = _masked(typical, noise) if probes.higher_is_better else np.zeros(0, np.int64)
     copies = _unmasked(topology, classes, hops, masked)
@@ -212,32 +190,13 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
     weight = np.clip(z, -clip, clip)
     very_slow = z >= Z_SLOW
     unexplained = np.ones(len(weight), bool)
-    direction = probes.src * len(probes.hosts) + probes.dst
 
-    peers = [has_peers(crossing, hops) for crossing, _ in classes]
-    bars = [z_class * (1.0 if has else no_peers) for has in peers]
-    alone = {tuple(members) for (_, members), has in zip(classes, peers) if not has}
+    bars = [z_class * (1.0 if has_peers(crossing, hops) else no_peers) for crossing, _ in classes]
 
-    def slowest(left: np.ndarray, members: list[Component]) -> tuple[float, np.ndarray | None]:
-        """How far ``left``'s slowest share of directions stands out, and their probes (none
-        where the class's share is whole, it has no healthy peers, or the score is not weighed)."""
-        if not np.isfinite(subset) or tuple(members) in alone:
-            return 0.0, None
-        return _slowest(left, direction, weight, shares[tuple(members)])
-
-    def effect(left: np.ndarray, members: list[Component]) -> float:
-        """The mean shortfall of ``left``, or of its slowest share of directions, if more."""
-        mean, some = float(shortfall[left].mean()), slowest(left, members)[1]
-        return mean if some is None else max(mean, float(shortfall[some].mean()))
-
-    def margins(left: np.ndarray, crossing: np.ndarray, bar: float,
-                members: list[Component]) -> tuple[float, float, float]:
+    def margins(left: np.ndarray, crossing: np.ndarray, bar: float) -> tuple[float, float, float]:
         pooled = float(weight[left].sum()) / np.sqrt(len(left))
         counted = _excess_slow(left, crossing, very_slow, hops, unexplained)
-        some, probes_of = slowest(left, members)
-        if probes_of is None or float(shortfall[probes_of].mean()) < min_effect:
-            some = 0.0
-        return max(pooled / bar, some / (bar * subset)), counted / z_count, max(pooled, counted, some)
+        return pooled / bar, counted / z_count, max(pooled, counted)
 
     def behind(members: list[Component]) -> np.ndarray:
         """The probes whose way back may cross any of ``members``: their acknowledgements."""
@@ -255,9 +214,9 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                     continue
                 mine = crossing[unexplained[crossing]]
                 if not MIN_PROBES <= len(mine) < len(left) or not np.isin(mine, left).all() \
-                        or effect(mine, others) < min_effect:
+                        or float(shortfall[mine].mean()) < min_effect:
                     continue
-                pooled, counted, other_score = margins(mine, crossing, other_bar, others)
+                pooled, counted, other_score = margins(mine, crossing, other_bar)
                 if max(pooled, counted) < 1.0:
                     continue
                 rest = np.setdiff1d(np.setdiff1d(left, mine), behind(others))
@@ -266,7 +225,7 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
                 expected, short = _short_of(weight, mine, rest)  # a wide fault as large, pooled on them
                 if expected < bar and not 0 < clear <= short:
                     continue  # too few to show it, and not far short of it: a wide fault may leave them so
-                if max(margins(rest, left, bar, members)[:2]) < 1.0:
+                if max(margins(rest, left, bar)[:2]) < 1.0:
                     inner.append(((pooled >= 1.0, pooled if pooled >= 1.0 else counted), others, mine, other_score,
                                   max(pooled, counted), other_bar))
             if not inner:
@@ -283,9 +242,9 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
             if tuple(members) in done:
                 continue
             left = crossing[unexplained[crossing]]
-            if len(left) < MIN_PROBES or effect(left, members) < min_effect:
+            if len(left) < MIN_PROBES or float(shortfall[left].mean()) < min_effect:
                 continue
-            pooled, counted, score = margins(left, crossing, bar, members)
+            pooled, counted, score = margins(left, crossing, bar)
             key = (pooled >= 1.0, pooled if pooled >= 1.0 else counted)  # pooled evidence first
             if max(pooled, counted) >= 1.0 and key > best_key:
                 best, best_key, best_probes, best_score, best_margin, best_bar = (members, key, left, score,
@@ -306,25 +265,24 @@ def weigh(topology: nx.MultiGraph, probes: Probes, z_class: float = Z_CLASS, min
         unexplained[best_probes] = False
         done.add(tuple(best))
     _clear_explained(named, chosen, returns, classes, weight, clear,
-                     lambda rest, mine, members, bar: max(margins(rest, mine, bar, members)[:2]) >= 1.0)
+                     lambda rest, mine, bar: max(margins(rest, mine, bar)[:2]) >= 1.0)
     open_classes = []
     for (crossing, members), bar in zip(classes, bars):
         left = crossing[unexplained[crossing]]
         if tuple(members) in done:  # named from its other probe set: in no doubt
             continue
         if len(left) >= MIN_PROBES:
-            open_classes.append((left, max(margins(left, crossing, bar, members)[:2])))
+            open_classes.append((left, max(margins(left, crossing, bar)[:2])))
     return Weighed(named, open_classes, hops, z, unmasked)
 
 
 def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: list[tuple[list[Component], float]],
                      returns: list[np.ndarray], classes: list[tuple[np.ndarray, list[Component]]],
-                     weight: np.ndarray, clear: float,
-                     past: Callable[[np.ndarray, np.ndarray, list[Component], float], bool]) -> None:
+                     weight: np.ndarray, clear: float, past: Callable[[np.ndarray, np.ndarray, float], bool]) -> None:
     """Drop from ``named`` (and ``chosen``, its classes' members and thresholds; ``returns``, per
     suspect the probes whose acknowledgements may cross it, is read in step) each suspect whose
     probes that no other suspect may cross (their paths or acknowledgements) show nothing: weighed
-    alone they are past neither of its thresholds (``past(rest, its probes, its members, its bar)``), and their
+    alone they are past neither of its thresholds (``past(rest, its probes, its bar)``), and their
     pooled clipped ``z`` falls short by ``clear`` or more of what the suspect's own mean would have
     pooled to on as many probes. One at a time, the furthest short first; the suspect that may
     cross the most of the cleared one's probes names it (``explains``, with what the cleared one
@@ -335,9 +293,9 @@ def _clear_explained(named: list[tuple[Suspect, float, np.ndarray]], chosen: lis
     may = [np.unique(np.concatenate(crossings[tuple(m)] + [acks])) for (m, _), acks in zip(chosen, returns)]
     while clear > 0 and len(named) > 1:
         gaps = []
-        for i, ((_, _, mine), (members, bar)) in enumerate(zip(named, chosen)):
+        for i, ((_, _, mine), (_, bar)) in enumerate(zip(named, chosen)):
             rest = np.setdiff1d(mine, np.concatenate([c for j, c in enumerate(may) if j != i]))
-            if MIN_PROBES <= len(rest) < len(mine) and not past(rest, mine, members, bar):
+            if MIN_PROBES <= len(rest) < len(mine) and not past(rest, mine, bar):
                 gaps.append((_short_of(weight, mine, rest)[1], -i))  # ties: the first
         gap, first = max(gaps, default=(0.0, 0))
         if gap < clear:
@@ -361,35 +319,6 @@ def _short_of(weight: np.ndarray, mine: np.ndarray, rest: np.ndarray) -> tuple[f
     many probes as ``rest``, and how far the pooled ``z`` of ``rest`` falls short of it."""
     expected = float(weight[mine].mean()) * np.sqrt(len(rest))
     return expected, expected - float(weight[rest].sum()) / np.sqrt(len(rest))
-
-
-def _slowest(left: np.ndarray, direction: np.ndarray, weight: np.ndarray,
-             share: float) -> tuple[float, np.ndarray | None]:
-    """How far the slowest ``share`` of the directions among the probes ``left`` stand out, and
-    their probes (None where ``share`` takes every direction). A fault on one of a class's
-    equal-cost links slows only the directions whose connections the switches hashed onto it,
-    and each keeps its path: the pooled score dilutes them with the rest. Each direction's
-    probes pool (Stouffer's, on the clipped ``z``: ``weight``), the slowest ``share`` of them pool
-    again, and that is told in deviations of what as many of the slowest of as many healthy
-    directions pool to (:func:`_slowest_null`)."""
-    ids, inverse = np.unique(direction[left], return_inverse=True)
-    k = int(np.ceil(share * len(ids) - 1e-9))
-    if not 1 <= k < len(ids):
-        return 0.0, None
-    pooled = np.bincount(inverse, weight[left]) / np.sqrt(np.bincount(inverse))
-    top = np.argsort(-pooled, kind="stable")[:k]
-    mean, sd = _slowest_null(k, len(ids))
-    return (float(pooled[top].sum()) / np.sqrt(k) - mean) / sd, left[np.isin(inverse, top)]
-
-
-@lru_cache(maxsize=4096)
-def _slowest_null(k: int, n: int) -> tuple[float, float]:
-    """The mean and standard deviation of the ``k`` largest of ``n`` standard normal values,
-    summed over the square root of ``k``: simulated (a fixed seed, so a verdict repeats)."""
-    draws = max(200, min(4000, 4_000_000 // n))
-    top = -np.partition(-np.random.default_rng([k, n]).standard_normal((draws, n)), k - 1, axis=1)[:, :k]
-    sums = top.sum(axis=1) / np.sqrt(k)
-    return float(sums.mean()), float(sums.std())
 
 
 def _masked(typical: dict[int, float], noise: float) -> np.ndarray:
@@ -501,15 +430,11 @@ def _upper_spread(logs: np.ndarray) -> float:
 
 
 def _classes(topology: nx.MultiGraph, probes: Probes, routing: Routing | None = None
-             ) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray, dict[Component, np.ndarray],
-                        dict[tuple[Component, ...], float]]:
+             ) -> tuple[list[tuple[np.ndarray, list[Component]]], np.ndarray, dict[Component, np.ndarray]]:
     """The components every probe may cross alike, each class with the probes (indices); each
-    probe's hop count; per component, the probes whose way back (their acknowledgements) may
-    cross it; and per class (its members), the share of its probes' equal-cost paths that cross
-    each member, the least member's, averaged over its probes (1: every probe crosses each; a
-    pod's four uplinks of a fat tree: a quarter). With ``routing``, a probe crosses only the
-    path it gives; probed ``both_ways``, it may be slowed on its partner's path too (its
-    acknowledgements take it)."""
+    probe's hop count; and per component, the probes whose way back (their acknowledgements)
+    may cross it. With ``routing``, a probe crosses only the path it gives; probed
+    ``both_ways``, it may be slowed on its partner's path too (its acknowledgements take it)."""
     graph = nx.Graph(topology)
     switches = {n for n, kind in topology.nodes(data="kind") if kind == "switch"}
     nics = {h: host_nic(topology, h) for h in probes.hosts}
@@ -527,39 +452,32 @@ def _classes(topology: nx.MultiGraph, probes: Probes, routing: Routing | None = 
             return list(nx.all_shortest_paths(graph, *ends))
         return [[ends[0], *routed[forward][p], ends[1]]]
 
-    def components(ways: list[list[str]]) -> dict[Component, float]:
-        """Each component on ``ways`` and the share of them it lies on."""
-        on: dict[Component, float] = defaultdict(float)
+    def components(ways: list[list[str]]) -> set[Component]:
+        crossed: set[Component] = set()
         for path in ways:
-            for component in {*zip(path, path[1:]), *(n for n in path if n in switches)}:
-                on[component] += 1.0 / len(ways)
-        return on
+            crossed.update(zip(path, path[1:]))
+            crossed.update(n for n in path if n in switches)
+        return crossed
 
-    routes: dict[tuple[int, int], tuple[dict[Component, float], set[Component], int]] = {}  # a pair probed again: once
-    shared: dict[Component, float] = defaultdict(float)
+    routes: dict[tuple[int, int], tuple[set[Component], set[Component], int]] = {}  # a pair probed again: once
     for p, (s, d) in enumerate(zip(probes.src.tolist(), probes.dst.tolist())):
         if (s, d) not in routes:
             ways = paths(p, s, d, True)
             forward = components(ways)
             # unrouted, the way back takes the same shortest paths reversed
             returns = components(paths(p, d, s, False)) if routed else \
-                {c if isinstance(c, str) else (c[1], c[0]): share for c, share in forward.items()}
-            crossed = dict(forward)
-            for component, share in returns.items() if probes.both_ways else ():
-                crossed[component] = max(crossed.get(component, 0.0), share)
-            routes[s, d] = crossed, set(returns), len(ways[0]) - 1
+                {c if isinstance(c, str) else (c[1], c[0]) for c in forward}
+            routes[s, d] = forward | (returns if probes.both_ways else set()), returns, len(ways[0]) - 1
         crossed, returns, hops[p] = routes[s, d]
         for component in sorted(crossed, key=str):  # not the set's order: it follows the strings' hash seed
             may[component].append(p)
-            shared[component] += crossed[component]
         for component in returns:
             back[component].append(p)
     grouped: dict[tuple[int, ...], list[Component]] = defaultdict(list)
     for component, crossing in may.items():
         grouped[tuple(crossing)].append(component)
     return ([(np.asarray(crossing), members) for crossing, members in grouped.items()], hops,
-            {c: np.asarray(ps, np.int64) for c, ps in back.items()},
-            {tuple(members): min(shared[c] for c in members) / len(crossing) for crossing, members in grouped.items()})
+            {c: np.asarray(ps, np.int64) for c, ps in back.items()})
 
 
 def _routed_switches(routing: Routing, hosts: list[str], src: np.ndarray, dst: np.ndarray) -> list[list[str]]:
