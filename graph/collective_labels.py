@@ -7,21 +7,23 @@ its sends name their peer. ``dpro record`` writes each rank's ``collectives.json
 number, profiling name, sizes, creation time) and the logged sends and receives (peer, group,
 bytes, time). :func:`label` writes them into the events:
 
-- a collective's *enqueue call* (``c10d::allreduce_``...) created its entry: the process issues
-  its collectives one at a time, so the trace's calls, in order, are a run of the log's entries,
-  in order (:func:`_in_order`). The log's times are the system clock's and the trace's are the
-  profiler's; they agree to microseconds on a quiet machine, but on a loaded one they were seen
-  to drift 0.6% apart and jump by 0.4 ms, far more than a call lasts. So time only places the
-  run (the offset at which the entries fall closest to the calls) and order pairs them; where no
-  run fits (the log lost entries), a call takes the entry created inside it. Each call takes
-  its entry's ``pg_name`` and ``seq``, and the entry takes the call's start as its time;
+- a collective's *enqueue call* (``c10d::allreduce_``...) takes the ``pg_name`` and ``seq`` of
+  the entry created inside it. The log's times are the system clock's and the trace's the
+  profiler's: they agree to microseconds on a quiet machine, but on a loaded one they were seen
+  0.1 ms before to 0.4 ms after the calls (drifting, then jumping), where a call lasts 20 µs.
+  So where some call holds no entry, the calls are paired with the log's entries in order
+  (:func:`_in_order`): the process issues its collectives one at a time, so its calls are a run
+  of its entries, each naming its call's collective; time only places the run, which must fit
+  clearly better than any other and put no entry far from its call (an entry lost or added
+  shifts the rest, and is refused). Each entry paired takes its call's start as its time. Where
+  no run qualifies, the calls keep the entries created inside them;
 - its *work event* (``gloo:all_reduce``...) runs on a worker thread of its group, first in, first
   out: each work event takes the oldest entry of that name not yet taken among the groups whose
   entry was created before the work began, preferring the group its thread already served
   (a gloo worker thread serves one group), else the entry created first;
 - the k-th send (and receive) call and work event of the window take the k-th logged send
-  (receive), the run placed as for collectives: ``peer`` (global rank), ``pg_name``, ``seq``
-  (the log's index, negated less one so that it never meets a collective's).
+  (receive) created since the window began: ``peer`` (global rank), ``pg_name``, ``seq`` (the
+  index among those, negated less one so that it never meets a collective's).
 
 Where a trace names its groups already (NCCL), it is returned as it was. Sizes fill
 ``in_nelems`` and ``dtype`` where the trace has none.
@@ -38,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.graph.matching import work_events
-from dpro.graph.vocabulary import P2P_FAMILIES, collective_family, is_enqueue_call
+from dpro.graph.vocabulary import P2P_FAMILIES, canonical_collective, collective_family, is_enqueue_call
 
 __all__ = ["label", "read_log"]
 
@@ -86,20 +88,13 @@ def label(events: pd.DataFrame, log: dict[str, Any] | None) -> pd.DataFrame:
         if nelems[row] < 0 and sizes:
             nelems[row] = int(sum(np.prod(s, dtype=np.int64) for s in sizes))
             dtype[row] = str(dtypes[0]).lower() if dtypes else dtype[row]
-    sends = sorted(log.get("p2p", []), key=lambda e: e.get("created_ns", 0))
-    start, end = events["start_ns"].to_numpy(np.int64), (events["start_ns"] + events["dur_ns"]).to_numpy(np.int64)
+    sends = [e for e in log.get("p2p", []) if e.get("created_ns", 0) >= since]
     for op in ("send", "recv"):
         of_op = [(i, e) for i, e in enumerate(sends) if e["op"] == op]
-        calls = np.flatnonzero(p2p & enqueue & (family == op).to_numpy())
-        calls = calls[np.argsort(start[calls], kind="stable")]
-        created = np.array([e.get("created_ns", 0) for _, e in of_op], np.int64)
-        first = _in_order(start[calls], end[calls], created)
-        if first is None:
-            first = int(np.searchsorted(created, since, "left"))
         for part in (enqueue, ~enqueue):
             rows = np.flatnonzero(p2p & part & (family == op).to_numpy())
-            rows = rows[np.argsort(start[rows], kind="stable")]
-            for row, (i, entry) in zip(rows, of_op[first:]):
+            rows = rows[np.argsort(events["start_ns"].to_numpy()[rows], kind="stable")]
+            for row, (i, entry) in zip(rows, of_op):
                 pg[row], seq[row], peer[row], logged[row] = entry["pg_name"], -2 - i, entry["peer"], True
                 if nelems[row] < 0 and entry.get("nbytes") is not None:
                     nelems[row], dtype[row] = int(entry["nbytes"]), "uint8"
@@ -111,8 +106,8 @@ def _enqueue_entries(events: pd.DataFrame, mask: np.ndarray, log_entries: list[d
                      since: int) -> tuple[list[tuple[int, dict[str, Any]]], list[dict[str, Any]]]:
     """(row, entry) for each enqueue call and the entry it created (see the module docstring), and
     the window's entries in order of creation for the work events: where the calls pair in order,
-    their entries, each created (``created_ns``) when its call began on the trace's clock; else
-    those created since ``since``."""
+    their entries, each created (``created_ns``) when its call began on the trace's clock, and
+    those the log holds after them; else those created since ``since``."""
     rows = np.flatnonzero(mask)
     start = events["start_ns"].to_numpy(np.int64)[rows]
     order = np.argsort(start, kind="stable")
@@ -120,10 +115,6 @@ def _enqueue_entries(events: pd.DataFrame, mask: np.ndarray, log_entries: list[d
     end = start + events["dur_ns"].to_numpy(np.int64)[rows]
     entries = sorted(log_entries, key=lambda e: e["created_ns"])
     created = np.array([e["created_ns"] for e in entries], np.int64)
-    first = _in_order(start, end, created)
-    if first is not None:
-        moved = [{**e, "created_ns": int(a)} for e, a in zip(entries[first:first + len(rows)], start)]
-        return list(zip(rows, moved)), moved
     pairs, taken = [], created < since
     for row, a, b in zip(rows, start, end):
         i = int(np.searchsorted(created, a, "left"))
@@ -132,28 +123,56 @@ def _enqueue_entries(events: pd.DataFrame, mask: np.ndarray, log_entries: list[d
         if i < len(entries) and created[i] <= b:
             taken[i] = True
             pairs.append((row, entries[i]))
-    return pairs, [e for e, t in zip(entries, created >= since) if t]
+    window = [e for e, t in zip(entries, created >= since) if t]
+    if len(pairs) == len(rows):  # the clocks agree: each call holds its entry's creation
+        return pairs, window
+    calls = events["coll_name"].astype(str).to_numpy()[rows]
+    first = _in_order(start, end, log_entries, [_loose_family(c) for c in calls])
+    if first is None:
+        return pairs, window
+    moved = [{**e, "created_ns": int(a)} for e, a in zip(log_entries[first:first + len(rows)], start)]
+    return list(zip(rows, moved)), moved + log_entries[first + len(rows):]
 
 
-def _in_order(start: np.ndarray, end: np.ndarray, created: np.ndarray, reach: int = 64) -> int | None:
-    """The index of the log entry (``created``, sorted) that the first of the calls (``start`` and
-    ``end``, sorted by start) made, where the calls are a run of the entries: of the runs that
-    begin within ``reach`` entries of the first call's time, the one whose entries fall closest
-    to their calls (median distance outside the call), if it is closer than any other run; None
-    where there are no calls, no run holds them all, or two fit as well."""
-    n, m = len(start), len(created)
+FIT_NS = 1_000_000
+"""How far (ns) any entry of a run may fall outside the call it pairs with: a clock off by more,
+or a run shifted past a lost entry (its entries then stand a call's spacing off), pairs nothing."""
+
+
+def _in_order(start: np.ndarray, end: np.ndarray, entries: list[dict[str, Any]], families: list[str],
+              reach: int = 64) -> int | None:
+    """The index in ``entries`` (the log's, in the order it issued them) of the entry that the
+    first of the calls (``start`` and ``end``, sorted by start; ``families``, their collectives'
+    :func:`_loose_family`) created, where the calls are a run of the entries: of the runs that
+    begin within ``reach`` entries of the first call's time and whose entries each name its
+    call's collective, the one whose entries fall closest to their calls (median distance outside
+    the call), if under half the next closest's and none of its entries is ``FIT_NS`` outside its
+    call. None otherwise: with no calls, no such run, two near alike (a clock as far off as the
+    calls are apart), or one entry far off (an entry lost or added, which shifts the rest)."""
+    n, m = len(start), len(entries)
     if n == 0 or m < n:
         return None
-    guess = int(np.searchsorted(created, start[0]))
+    created = np.array([e["created_ns"] for e in entries], np.int64)
+    named = np.array([_loose_family(str(e.get("name", "")).split(":", 1)[-1]) for e in entries])
+    guess = int(np.searchsorted(np.sort(created), start[0]))
     firsts = np.arange(max(guess - reach, 0), min(guess + reach, m - n) + 1)
+    firsts = firsts[[(named[f:f + n] == families).all() for f in firsts]] if len(firsts) else firsts
     if not len(firsts):
         return None
     runs = created[firsts[:, None] + np.arange(n)]
-    apart = np.median(np.maximum(np.maximum(start - runs, runs - end), 0), axis=1)
+    outside = np.maximum(np.maximum(start - runs, runs - end), 0)
+    apart = np.median(outside, axis=1)
     best = int(np.argmin(apart))
-    if (apart == apart[best]).sum() > 1:
+    ranked = np.sort(apart)
+    if outside[best].max() > FIT_NS or (len(ranked) > 1 and ranked[0] >= 0.5 * ranked[1]):
         return None
     return int(firsts[best])
+
+
+def _loose_family(name: str) -> str:
+    """A collective's family, a reduce-scatter's counted as an all-reduce (gloo logs it as one)."""
+    family = collective_family(canonical_collective(name))
+    return "all_reduce" if family == "reduce_scatter" else family
 
 
 def _work_entries(events: pd.DataFrame, mask: np.ndarray, entries: list[dict[str, Any]]):

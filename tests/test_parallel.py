@@ -162,6 +162,12 @@ def test_a_log_whose_clock_strays_from_the_traces_still_names_every_group() -> N
                             ("c10d::allreduce_", replicas): 6}
     assert _named(work) == {("gloo:all_gather", shard): 12, ("gloo:all_reduce", shard): 6,
                            ("gloo:all_reduce", replicas): 6}
+    # an entry lost mid-window would shift every later pair: the run is refused, and the calls
+    # keep what time gave them (here fewer than half), never an entry of another call's
+    since = int(events["start_ns"].min())
+    window = [i for i, e in enumerate(log["collectives"]) if e["created_ns"] >= since]
+    lost = {**log, "collectives": [e for i, e in enumerate(log["collectives"]) if i != window[len(window) // 2]]}
+    assert label(tables.events, lost).loc[calls.index, "logged"].sum() < len(calls) / 2
 
 
 def _named(events: pd.DataFrame) -> Counter:
