@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from dpro.graph.matching import work_events
-from dpro.graph.vocabulary import P2P_FAMILIES, canonical_collective, collective_family, is_enqueue_call
+from dpro.graph.vocabulary import P2P_FAMILIES, collective_family, collective_in_name, is_enqueue_call
 
 __all__ = ["label", "read_log"]
 
@@ -153,7 +153,7 @@ def _in_order(start: np.ndarray, end: np.ndarray, entries: list[dict[str, Any]],
     if n == 0 or m < n:
         return None
     created = np.array([e["created_ns"] for e in entries], np.int64)
-    named = np.array([_loose_family(str(e.get("name", "")).split(":", 1)[-1]) for e in entries])
+    named = np.array([_loose_family(collective_in_name(str(e.get("name", ""))) or "") for e in entries])
     guess = int(np.searchsorted(np.sort(created), start[0]))
     firsts = np.arange(max(guess - reach, 0), min(guess + reach, m - n) + 1)
     firsts = firsts[[(named[f:f + n] == families).all() for f in firsts]] if len(firsts) else firsts
@@ -170,8 +170,9 @@ def _in_order(start: np.ndarray, end: np.ndarray, entries: list[dict[str, Any]],
 
 
 def _loose_family(name: str) -> str:
-    """A collective's family, a reduce-scatter's counted as an all-reduce (gloo logs it as one)."""
-    family = collective_family(canonical_collective(name))
+    """The family of a canonical collective name, a reduce-scatter's counted as an all-reduce
+    (gloo logs it as one)."""
+    family = collective_family(name)
     return "all_reduce" if family == "reduce_scatter" else family
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections import Counter
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +163,7 @@ def test_a_log_whose_clock_strays_from_the_traces_still_names_every_group() -> N
     assert _named(work) == {("gloo:all_gather", shard): 12, ("gloo:all_reduce", shard): 6,
                            ("gloo:all_reduce", replicas): 6}
     # an entry lost mid-window would shift every later pair: the run is refused, and the calls
-    # keep what time gave them (here fewer than half), never an entry of another call's
+    # keep only what their times gave them (here fewer than half)
     since = int(events["start_ns"].min())
     window = [i for i, e in enumerate(log["collectives"]) if e["created_ns"] >= since]
     lost = {**log, "collectives": [e for i, e in enumerate(log["collectives"]) if i != window[len(window) // 2]]}
