@@ -196,7 +196,10 @@ class WhatIf:
         ``rate`` (the class's rate over the recorded one's) re-times it on its recorded class's
         model: all of its time per byte, not only the wire's share (what TCP loses on a shaped
         link beyond its wire rate is the link's: 5.1 ns a byte between two hosts at 300 Mb/s,
-        0.6 within one); an error if not given. A call's recorded ranks stand for its new
+        0.6 within one); an error if not given. A send moved onto another class's model is
+        timed by that model alone: the residual its old class's sends measured (recorded over
+        the model) is that link's, and the new class's own (where the run measured it) is of its
+        recorded groups, which may have shared the link otherwise (2x2's two rings). A call's recorded ranks stand for its new
         group's and still wait for one another (where groups split, an error toward waiting on
         the slowest; where they merge, see :meth:`join`). ``sharing``: the flows that shared the
         recorded call's busiest link over those that share the new group's (the groups of a mesh
@@ -222,6 +225,9 @@ class WhatIf:
         key = (c["coll"], link_class_)
         self._rate[sends] = self._class_rate[sends] = 1.0
         if key in self.model:
+            moved = np.array([self._model_of.get(int(v)) != key for v in sends])
+            self._residual[sends[moved]] = 1.0  # how its old link's sends ran says nothing of the new link
+            self._recorded[sends[moved]] = np.nan  # nor is its time the recorded one, whatever its size
             self._model_of.update({int(v): key for v in sends})
         elif rate is not None:
             self._class_rate[sends] = rate

@@ -109,14 +109,36 @@ def test_a_call_moved_to_a_class_with_no_model_scales_all_its_time_per_byte() ->
     graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e7, 1: 1e7},
                           collectives=table, hosts={0: "a", 1: "b"})
     model = {("all_gather", "inter"): AlphaBeta(alpha_ns=1000.0, beta_bytes_per_ns=0.1, points=7,
-                                                wire_bytes_per_ns=0.125)}  # 10 ns a byte, of which the wire's 8
+                                                wire_bytes_per_ns=0.25)}  # 10 ns a byte, of which the wire's 4
     sends = np.asarray(table.at[0, "sends"])
     per_send = 1e6  # the bytes each of the two sends carries
     w = WhatIf(graph, model=model).regroup([("all_gather", 0)], 2, "intra", rate=10.0)
     assert w.durations[sends] == pytest.approx((1000 + per_send * 10 / 10) * w._residual[sends])
     w = WhatIf(graph, model=model).regroup([("all_gather", 0)], 2, "inter", sharing=2.0)
-    assert w.durations[sends] == pytest.approx((1000 + per_send * (2 + 8 / 2)) * w._residual[sends])
+    assert w.durations[sends] == pytest.approx((1000 + per_send * (6 + 4 / 2)) * w._residual[sends])
 
+
+
+def test_a_call_moved_onto_another_class_model_leaves_its_old_links_residual() -> None:
+    """The recorded sends ran 4x their class's model (say, two rings sharing the link); moved
+    to a class the run has a model of, a send is timed by that model alone, while within its
+    own class it keeps the 4x."""
+    nodes = pd.DataFrame({"rank": [0, 1], "kind": "cpu", "resource": ["r0/cpu/9", "r1/cpu/9"],
+                          "name": "gloo:all_gather", "dur_ns": [4e6, 4e6], "offset_ns": [0.0, 0.0],
+                          "coll_name": "all_gather"})
+    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
+    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_gather", 0, {0: 0, 1: 1}, 2e5)])
+    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e7, 1: 1e7},
+                          collectives=table, hosts={0: "a", 1: "b"})
+    model = {("all_gather", "inter"): AlphaBeta(alpha_ns=0.0, beta_bytes_per_ns=0.1, points=7),
+             ("all_gather", "intra"): AlphaBeta(alpha_ns=0.0, beta_bytes_per_ns=1.0, points=7)}
+    sends = np.asarray(table.at[0, "sends"])
+    per_send = 1e5
+    w = WhatIf(graph, model=model)
+    assert w._residual[sends] == pytest.approx(4.0)
+    assert w.fork().regroup([("all_gather", 0)], 2, "intra").durations[sends] == pytest.approx(per_send / 1.0)
+    assert w.fork().regroup([("all_gather", 0)], 2, "inter", sharing=1.0).durations[sends] == pytest.approx(
+        4 * per_send / 0.1)
 
 def test_alpha_beta_fit() -> None:
     sizes = np.array([1e3, 1e4, 1e5, 1e6])
