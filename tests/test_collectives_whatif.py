@@ -97,20 +97,25 @@ def test_ranks_that_finished_a_collective_apart_leave_it_apart() -> None:
     assert w.drop_collective("all_gather", 0).replay().end_ns[done].tolist() == pytest.approx([0.0] * 4)
 
 
+def _all_gather_across_two_hosts(dur_ns: float, nbytes: float) -> DataflowGraph:
+    """One all-gather of ``nbytes`` between rank 0 (host a) and rank 1 (host b), ``dur_ns`` on each."""
+    nodes = pd.DataFrame({"rank": [0, 1], "kind": "cpu", "resource": ["r0/cpu/9", "r1/cpu/9"],
+                          "name": "gloo:all_gather", "dur_ns": [dur_ns, dur_ns], "offset_ns": [0.0, 0.0],
+                          "coll_name": "all_gather"})
+    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
+    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_gather", 0, {0: 0, 1: 1}, nbytes)])
+    return DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e7, 1: 1e7},
+                         collectives=table, hosts={0: "a", 1: "b"})
+
+
 def test_a_call_moved_to_a_class_with_no_model_scales_all_its_time_per_byte() -> None:
     """A 2-rank all-gather across hosts asked within one, where the run measured none: its
     sends' time per byte, not only the wire's share, scales by the two classes' wire rates; the
     latency stays. Within its own class a faster link speeds the wire's share only."""
-    nodes = pd.DataFrame({"rank": [0, 1], "kind": "cpu", "resource": ["r0/cpu/9", "r1/cpu/9"],
-                          "name": "gloo:all_gather", "dur_ns": [1e6, 1e6], "offset_ns": [0.0, 0.0],
-                          "coll_name": "all_gather"})
-    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
-    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_gather", 0, {0: 0, 1: 1}, 2e6)])
-    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e7, 1: 1e7},
-                          collectives=table, hosts={0: "a", 1: "b"})
+    graph = _all_gather_across_two_hosts(dur_ns=1e6, nbytes=2e6)
     model = {("all_gather", "inter"): AlphaBeta(alpha_ns=1000.0, beta_bytes_per_ns=0.1, points=7,
                                                 wire_bytes_per_ns=0.25)}  # 10 ns a byte, of which the wire's 4
-    sends = np.asarray(table.at[0, "sends"])
+    sends = np.asarray(graph.collectives.at[0, "sends"])
     per_send = 1e6  # the bytes each of the two sends carries
     w = WhatIf(graph, model=model).regroup([("all_gather", 0)], 2, "intra", rate=10.0)
     assert w.durations[sends] == pytest.approx((1000 + per_send * 10 / 10) * w._residual[sends])
@@ -122,16 +127,10 @@ def test_a_call_moved_onto_another_class_model_leaves_its_old_links_residual() -
     """The recorded sends ran 4x their class's model (say, two rings sharing the link); moved
     to a class the run has a model of, a send is timed by that model alone, while within its
     own class it keeps the 4x."""
-    nodes = pd.DataFrame({"rank": [0, 1], "kind": "cpu", "resource": ["r0/cpu/9", "r1/cpu/9"],
-                          "name": "gloo:all_gather", "dur_ns": [4e6, 4e6], "offset_ns": [0.0, 0.0],
-                          "coll_name": "all_gather"})
-    no_edges = pd.DataFrame({"src": [], "dst": [], "lag_ns": [], "kind": []}).astype({"src": "int64", "dst": "int64"})
-    nodes, edges, table = decompose(nodes, no_edges, [Matched("all_gather", 0, {0: 0, 1: 1}, 2e5)])
-    graph = DataflowGraph(nodes.rename(columns={"coll_name": "coll"}), edges, step_ns={0: 1e7, 1: 1e7},
-                          collectives=table, hosts={0: "a", 1: "b"})
+    graph = _all_gather_across_two_hosts(dur_ns=4e6, nbytes=2e5)
     model = {("all_gather", "inter"): AlphaBeta(alpha_ns=0.0, beta_bytes_per_ns=0.1, points=7),
              ("all_gather", "intra"): AlphaBeta(alpha_ns=0.0, beta_bytes_per_ns=1.0, points=7)}
-    sends = np.asarray(table.at[0, "sends"])
+    sends = np.asarray(graph.collectives.at[0, "sends"])
     per_send = 1e5
     w = WhatIf(graph, model=model)
     assert w._residual[sends] == pytest.approx(4.0)
